@@ -1,0 +1,47 @@
+# outbox — make help lists the targets.
+GO       ?= go
+PKGS     ?= ./...
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS  := -X main.version=$(VERSION)
+DATA     ?= ./data
+FUZZTIME ?= 10s
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN{FS=":.*## "} /^[a-z][a-zA-Z0-9_-]*:.*## /{printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## build bin/outbox
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/outbox ./cmd/outbox
+
+.PHONY: test
+test: ## go vet, then every test with -race -shuffle=on (what CI runs)
+	$(GO) vet $(PKGS)
+	$(GO) test -race -shuffle=on -timeout 15m $(PKGS)
+
+.PHONY: demo
+demo: ## run the whole delivery loop once on ./data with the sink provider (no credentials)
+	$(GO) run ./cmd/outbox demo --data $(DATA)
+
+.PHONY: bench
+bench: ## Go benchmarks, then outbox bench
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./queue/... ./cmd/...
+	$(GO) run ./cmd/outbox bench
+
+.PHONY: fuzz
+fuzz: ## run every fuzz target for FUZZTIME each
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; done
+
+.PHONY: cover
+cover: ## test coverage summary (cover.out)
+	$(GO) test -coverprofile=cover.out $(PKGS)
+	$(GO) tool cover -func=cover.out | tail -n 1
+
+.PHONY: lint
+lint: ## staticcheck (pinned with the go.mod tool directive)
+	$(GO) tool staticcheck $(PKGS)

@@ -1,0 +1,147 @@
+// Command outbox is the one binary of outbox: the daemon (serve), the demo,
+// and the operator and author tools (enqueue, validate, render, ls, show,
+// requeue, resolve, erase, doctor, compact, stats, vapid-keys, schema,
+// version). Run "outbox help" for the list.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"sort"
+	"syscall"
+)
+
+// version is set with -ldflags "-X main.version=…"; otherwise the module
+// version from the build info is used.
+var version = ""
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// env is what a command sees of the process: its arguments' streams and
+// environment. Tests run commands in-process with their own env.
+type env struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	Getenv func(string) string
+}
+
+// command is one subcommand.
+type command struct {
+	Name  string
+	Short string
+	// Run executes the command with its arguments (without the command
+	// name) and returns the process exit code.
+	Run func(ctx context.Context, e *env, args []string) int
+}
+
+var commands = map[string]*command{}
+
+// register adds a subcommand; each lives in its own file.
+func register(c *command) {
+	if _, dup := commands[c.Name]; dup {
+		panic("outbox: command registered twice: " + c.Name)
+	}
+	commands[c.Name] = c
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	e := &env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}
+	code := run(ctx, e, os.Args[1:])
+	stop()
+	os.Exit(code)
+}
+
+// run dispatches to the subcommand named by args[0].
+func run(ctx context.Context, e *env, args []string) int {
+	if len(args) == 0 {
+		usage(e.Stderr)
+		return exitUsage
+	}
+	name := args[0]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 {
+			if c, ok := commands[args[1]]; ok {
+				return c.Run(ctx, e, []string{"-help"})
+			}
+		}
+		usage(e.Stdout)
+		return exitOK
+	case "version", "-version", "--version":
+		fmt.Fprintln(e.Stdout, "outbox", buildVersion())
+		return exitOK
+	}
+	c, ok := commands[name]
+	if !ok {
+		fmt.Fprintf(e.Stderr, "Error: unknown command %q\nTry: outbox help\n", name)
+		return exitUsage
+	}
+	return c.Run(ctx, e, args[1:])
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "outbox: a file-backed delivery queue (Web Push, Resend email, Telegram).")
+	fmt.Fprintln(w, "\nUsage: outbox <command> [flags] [args]\n\nCommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-11s %s\n", n, commands[n].Short)
+	}
+	fmt.Fprintf(w, "  %-11s %s\n", "version", "print the version")
+	fmt.Fprintf(w, "  %-11s %s\n", "help", "this list; \"outbox help CMD\" shows a command's flags")
+}
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}
+
+// parseFlags parses args with fs, printing usage errors the way every
+// command does. It returns (exit code, done): done is true when the caller
+// must return the code at once (help or a usage error).
+func parseFlags(fs *flag.FlagSet, e *env, args []string) (int, bool) {
+	fs.SetOutput(e.Stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK, true
+		}
+		fmt.Fprintf(e.Stderr, "Try: outbox help %s\n", fs.Name())
+		return exitUsage, true
+	}
+	return 0, false
+}
+
+// envOr returns the environment variable name's value, or def when unset.
+func envOr(e *env, name, def string) string {
+	if v := e.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// fail prints "Error: msg" and returns exitFailure.
+func fail(e *env, format string, a ...any) int {
+	fmt.Fprintf(e.Stderr, "Error: "+format+"\n", a...)
+	return exitFailure
+}

@@ -1,0 +1,104 @@
+package queue
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+)
+
+// ConsentFlags are the user-settable consent flags (SPEC §5).
+type ConsentFlags struct {
+	DigestEnabled bool   `json:"digest_enabled"`
+	PushEnabled   bool   `json:"push_enabled"`
+	EmailVerified bool   `json:"email_verified"`
+	Cadence       string `json:"cadence,omitempty"`
+}
+
+// Consent is a user's current consent: the flags and the suppressions.
+type Consent struct {
+	ConsentFlags
+	Suppressions []Suppression `json:"suppressions,omitempty"`
+	UpdatedAt    time.Time     `json:"updated_at,omitzero"`
+}
+
+// Suppression stops deliveries on a channel, or to one target on it.
+type Suppression struct {
+	Channel envelope.Channel `json:"channel"`
+	// Target is "" for the whole channel, or TargetOf(recipient) for one
+	// address, push subscription or chat (an opaque hash: no personal data).
+	Target string              `json:"target,omitempty"`
+	Reason envelope.ErrorClass `json:"reason"` // bounced, complaint, unsubscribed, subscription_gone, blocked_by_user
+	At     time.Time           `json:"at"`
+}
+
+// ConsentSource supplies current consent from the embedding app instead of
+// the store's own records. Consent is called inside the store's claim and
+// enqueue paths: it must be fast and must not call back into the store.
+// found=false means the app has no record for the user (treated as no
+// consent for digests and nudges).
+type ConsentSource interface {
+	Consent(ctx context.Context, tenant, userID string) (c Consent, found bool, err error)
+}
+
+// TargetOf returns the opaque suppression target of an envelope's recipient
+// on its channel: a hash of the address, the push endpoint or the chat id.
+func TargetOf(e *envelope.Envelope) string {
+	var v string
+	switch e.Channel {
+	case envelope.ChannelEmail:
+		v = "email:" + e.Recipient.Email
+	case envelope.ChannelPush:
+		if e.Recipient.PushSubscription != nil {
+			v = "push:" + e.Recipient.PushSubscription.Endpoint
+		}
+	case envelope.ChannelTelegram:
+		v = "telegram:" + e.Recipient.ChatID
+	}
+	if v == "" {
+		return ""
+	}
+	return TargetOfValue(v)
+}
+
+// TargetOfValue hashes "channel:address" into a suppression target.
+func TargetOfValue(v string) string {
+	h := sha256.Sum256([]byte(v))
+	return hex.EncodeToString(h[:16])
+}
+
+// Allows reports whether current consent c (found says whether a record
+// exists) allows delivering e, and if not, the class that says why.
+//
+//   - email needs digest_enabled and email_verified;
+//   - push needs push_enabled;
+//   - telegram (chat replies answer the user) needs no opt-in;
+//   - a suppression of the channel or of the recipient's target forbids.
+func (c *Consent) Allows(found bool, e *envelope.Envelope) (bool, envelope.ErrorClass) {
+	target := TargetOf(e)
+	for _, s := range c.Suppressions {
+		if s.Channel == e.Channel && (s.Target == "" || s.Target == target) {
+			return false, s.Reason
+		}
+	}
+	switch e.Channel {
+	case envelope.ChannelEmail:
+		if !found || !c.DigestEnabled || !c.EmailVerified {
+			return false, envelope.ClassConsentWithdrawn
+		}
+	case envelope.ChannelPush:
+		if !found || !c.PushEnabled {
+			return false, envelope.ClassConsentWithdrawn
+		}
+	}
+	return true, ""
+}
+
+// SuppressionFor returns the suppression a recipient-gone outcome writes
+// for e: push suppresses only that subscription, email that address,
+// telegram that chat.
+func SuppressionFor(e *envelope.Envelope, reason envelope.ErrorClass, at time.Time) Suppression {
+	return Suppression{Channel: e.Channel, Target: TargetOf(e), Reason: reason, At: at}
+}

@@ -1,0 +1,283 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+)
+
+// Store is the storage contract of the queue (SPEC §3, §4, §5). The bbolt
+// store returned by Open and the in-memory store in queue/memstore implement
+// it, and both pass the shared contract suite in queue/queuetest.
+//
+// Every method that takes a tenant works on that tenant's rows only; an id
+// that exists only in another tenant is ErrNotFound. Use Scope for a handle
+// that fixes the tenant and rejects leases of another tenant with
+// ErrCrossTenant.
+type Store interface {
+	// Enqueue validates every envelope, checks current consent, and stores
+	// the new ones atomically: either every non-duplicate envelope becomes
+	// deliverable or none does. A (tenant, id) that already exists (or
+	// appears earlier in the same call) is reported as Duplicate and creates
+	// nothing. An invalid envelope fails the call with an *EnqueueError
+	// wrapping the *envelope.ValidationError; an envelope refused by consent
+	// fails it with an *EnqueueError wrapping ErrConsentDenied. Chat
+	// envelopes (reply-text.v1) materialise one row per segment
+	// (envelope.SplitReply); the count is fixed once stored.
+	//
+	// It returns after the envelopes are durable (unless the store runs in
+	// a relaxed durability mode).
+	Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]EnqueueResult, error)
+
+	// Claim leases up to req.Limit eligible rows: pending rows due now,
+	// retryable rows whose backoff is due. In the same transaction it moves
+	// rows past their envelope's expires_at to expired and rows that
+	// current consent forbids to suppressed (neither is returned). Chat
+	// segment i+1 is never eligible before segment i is sent. Each claimed
+	// row goes to sending, its attempt count grows by one, and it gets the
+	// owner, a lease expiry and a new fence from a sequence that never goes
+	// backwards (also across restarts). Under any number of concurrent
+	// claimers a row is leased to exactly one.
+	Claim(ctx context.Context, req ClaimRequest) ([]*Lease, error)
+
+	// Commit applies an outcome to a leased row. It is accepted only when
+	// the row is sending with lease.Fence and lease.Owner; otherwise it
+	// returns ErrStaleFence (another fence holds the row) or ErrLeaseLost
+	// (the row is no longer sending) and changes nothing.
+	//
+	// A retryable outcome becomes dead_letter once the row's attempts reach
+	// the maximum. A sent segment makes the next segment eligible; the
+	// envelope is delivered when every segment is sent. bounced, complaint
+	// and suppressed write the matching suppression in the same
+	// transaction (push: only that subscription) and suppress the
+	// envelope's remaining segments.
+	Commit(ctx context.Context, lease *Lease, out Outcome) error
+
+	// Release gives back a lease whose provider call never started: the row
+	// returns to the state it was claimed from, due at once, and the
+	// attempt is not counted. Same fence rules as Commit.
+	Release(ctx context.Context, lease *Lease) error
+
+	// Recover leases up to req.Limit rows that are still sending after their
+	// lease expired (a crashed or stopped worker) so that they can be
+	// reconciled: each gets a new fence and owner and stays sending; the
+	// attempt count does not change. The caller asks the provider and then
+	// commits sent (accepted), retryable (rejected) or unresolved (unknown).
+	// Rows leased with ClaimRequest.ExpireToPending are not returned: they
+	// go straight back to pending.
+	Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error)
+
+	// NextDue returns the earliest time at which a row becomes eligible or
+	// a lease expires, or the zero time when nothing is waiting.
+	NextDue(ctx context.Context) (time.Time, error)
+
+	// Notify returns a channel that receives a value (coalesced) whenever
+	// something may have become claimable: an enqueue, an ingested append,
+	// a retry that is due at once, a requeue.
+	Notify() <-chan struct{}
+
+	// Get returns one envelope with its segments and their attempt history.
+	Get(ctx context.Context, tenant, id string) (*EnvelopeStatus, error)
+	// List returns rows (segments) matching f, oldest first, paged by an
+	// opaque cursor.
+	List(ctx context.Context, f ListFilter) (*Page, error)
+	// Counts returns the number of rows per state and channel ("" = every tenant).
+	Counts(ctx context.Context, tenant string) (Counts, error)
+
+	// Requeue returns an envelope's dead_letter, unresolved, expired and
+	// suppressed segments to pending, due now (attempt history is kept).
+	// It returns ErrInvalidTransition when no segment is in such a state.
+	Requeue(ctx context.Context, tenant, id string) error
+	// Resolve settles an envelope's unresolved segments as sent or
+	// retryable (as must be StateSent or StateRetryable). It returns
+	// ErrInvalidTransition when no segment is unresolved.
+	Resolve(ctx context.Context, tenant, id string, as envelope.State) error
+
+	// Consent returns the user's current consent from the store's own
+	// consent records (the zero Consent when there is none).
+	Consent(ctx context.Context, tenant, userID string) (Consent, error)
+	// SetConsent replaces the user's consent flags; suppressions are kept.
+	SetConsent(ctx context.Context, tenant, userID string, c ConsentFlags) error
+	// Suppress adds a suppression to the user's consent record.
+	Suppress(ctx context.Context, tenant, userID string, s Suppression) error
+
+	// Erase deletes everything stored for a user: log, rows, consent and
+	// suppressions. Leased rows are erased too (their commits then fail
+	// with ErrLeaseLost).
+	Erase(ctx context.Context, tenant, userID string) error
+	// Prune deletes envelopes whose rows are all terminal and older than
+	// the retention period, and removes logs left empty. It returns the
+	// number of envelopes pruned.
+	Prune(ctx context.Context) (int, error)
+
+	// Close releases the store. It is idempotent.
+	Close() error
+}
+
+// Errors returned by stores.
+var (
+	// ErrClosed is returned by every method after Close.
+	ErrClosed = errors.New("queue: store is closed")
+	// ErrStaleFence is returned when a commit carries a fence that no longer
+	// holds the row (the lease expired and the row was leased again).
+	ErrStaleFence = errors.New("queue: stale fence")
+	// ErrLeaseLost is returned when a commit's row is no longer sending.
+	ErrLeaseLost = errors.New("queue: lease lost")
+	// ErrCrossTenant is returned when a tenant-scoped handle is given
+	// another tenant's lease or row.
+	ErrCrossTenant = errors.New("queue: row belongs to another tenant")
+	// ErrConsentDenied is returned (wrapped in *EnqueueError) when current
+	// consent forbids an envelope.
+	ErrConsentDenied = errors.New("queue: consent denied")
+	// ErrInvalidTransition is returned when an operator action does not
+	// apply to the envelope's current state.
+	ErrInvalidTransition = errors.New("queue: invalid transition")
+	// ErrNotFound is envelope.ErrNotFound.
+	ErrNotFound = envelope.ErrNotFound
+)
+
+// EnqueueError says which envelope of an Enqueue call failed and why.
+type EnqueueError struct {
+	Index  int                 // position in the call
+	Tenant string              // the envelope's tenant
+	ID     string              // the envelope's id
+	Reason envelope.ErrorClass // for consent denials: why
+	Err    error
+}
+
+func (e *EnqueueError) Error() string {
+	s := "envelope " + strconv.Itoa(e.Index) + ": " + e.Err.Error()
+	if e.Reason != "" {
+		s += " (" + string(e.Reason) + ")"
+	}
+	return s
+}
+
+func (e *EnqueueError) Unwrap() error { return e.Err }
+
+// EnqueueResult reports one envelope of an Enqueue call.
+type EnqueueResult struct {
+	Tenant    string `json:"tenant_id"`
+	ID        string `json:"id"`
+	Duplicate bool   `json:"duplicate"`
+	Segments  int    `json:"segments"`
+}
+
+// ClaimRequest says what to lease.
+type ClaimRequest struct {
+	Tenant   string             // "" = every tenant
+	Channels []envelope.Channel // empty = every channel
+	Owner    string             // who holds the lease (required)
+	Lease    time.Duration      // lease duration (required, > 0)
+	Limit    int                // at most this many rows (≤ 0 means 1)
+	// ExpireToPending marks the leases so that, when they expire, the rows
+	// go back to pending instead of to reconciliation (the HTTP seam's
+	// external workers dedupe on the envelope id themselves).
+	ExpireToPending bool
+}
+
+// Lease is a claimed row. Only its (Owner, Fence) may commit the row.
+type Lease struct {
+	Key        envelope.Key       `json:"key"`
+	UserID     string             `json:"user_id"`
+	Channel    envelope.Channel   `json:"channel"`
+	Owner      string             `json:"owner"`
+	Fence      uint64             `json:"fence"`
+	Attempt    int                `json:"attempt"` // attempts so far, this one included
+	ExpiresAt  time.Time          `json:"lease_expires_at"`
+	Segments   int                `json:"segments"`
+	EnqueuedAt time.Time          `json:"enqueued_at"`
+	Envelope   *envelope.Envelope `json:"envelope"` // a copy of the stored envelope
+}
+
+// Outcome is what a worker commits for a leased row.
+type Outcome struct {
+	// State is one of sent, retryable, dead_letter, bounced, complaint,
+	// suppressed, unresolved, expired.
+	State      envelope.State
+	Class      envelope.ErrorClass // stable class for anything but sent
+	RetryAfter time.Duration       // retryable: minimum delay
+	Receipt    string              // sent: provider receipt id
+	// NoAttempt, for retryable, gives the attempt back (a reconciliation
+	// that found the earlier call rejected did not fail a new attempt).
+	NoAttempt bool
+}
+
+// EnvelopeStatus is one envelope with its segments.
+type EnvelopeStatus struct {
+	Tenant     string             `json:"tenant_id"`
+	ID         string             `json:"id"`
+	UserID     string             `json:"user_id"`
+	Channel    envelope.Channel   `json:"channel"`
+	Template   envelope.Template  `json:"template"`
+	Status     string             `json:"status"` // "delivered", or the state of the first segment not sent
+	EnqueuedAt time.Time          `json:"enqueued_at"`
+	Segments   []SegmentStatus    `json:"segments"`
+	Envelope   *envelope.Envelope `json:"envelope,omitempty"`
+}
+
+// StatusDelivered is EnvelopeStatus.Status when every segment is sent.
+const StatusDelivered = "delivered"
+
+// SegmentStatus is one row.
+type SegmentStatus struct {
+	Index     int                 `json:"index"`
+	State     envelope.State      `json:"state"`
+	Attempts  int                 `json:"attempts"`
+	Class     envelope.ErrorClass `json:"error_class,omitempty"`
+	Receipt   string              `json:"receipt,omitempty"`
+	Fence     uint64              `json:"fence,omitempty"`
+	NextAt    time.Time           `json:"next_at,omitzero"`
+	LeaseEnd  time.Time           `json:"lease_expires_at,omitzero"`
+	UpdatedAt time.Time           `json:"updated_at"`
+	History   []Attempt           `json:"history,omitempty"`
+}
+
+// Attempt is one entry of a row's history: a claim's end or an operator act.
+type Attempt struct {
+	Attempt int                 `json:"attempt"`
+	At      time.Time           `json:"at"`
+	State   envelope.State      `json:"state"`
+	Class   envelope.ErrorClass `json:"error_class,omitempty"`
+}
+
+// ListFilter selects rows for List.
+type ListFilter struct {
+	Tenant  string           // "" = every tenant
+	State   envelope.State   // "" = every state
+	Channel envelope.Channel // "" = every channel
+	Limit   int              // ≤ 0 means 50; at most 1000
+	Cursor  string           // from Page.Next
+}
+
+// Row is one row in a List page.
+type Row struct {
+	Key       envelope.Key        `json:"key"`
+	UserID    string              `json:"user_id"`
+	Channel   envelope.Channel    `json:"channel"`
+	State     envelope.State      `json:"state"`
+	Attempts  int                 `json:"attempts"`
+	Class     envelope.ErrorClass `json:"error_class,omitempty"`
+	UpdatedAt time.Time           `json:"updated_at"`
+}
+
+// Page is one page of List.
+type Page struct {
+	Rows []Row  `json:"rows"`
+	Next string `json:"next,omitempty"` // "" when this is the last page
+}
+
+// Counts holds row counts by state and channel.
+type Counts map[envelope.State]map[envelope.Channel]int
+
+// Total returns the count for state over every channel.
+func (c Counts) Total(s envelope.State) int {
+	n := 0
+	for _, v := range c[s] {
+		n += v
+	}
+	return n
+}
