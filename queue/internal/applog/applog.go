@@ -1,0 +1,318 @@
+// Package applog implements the per-(tenant, user) append logs: safe file
+// names derived from ids, appends under an exclusive flock with shared
+// fsyncs (group commit), and a reader that stops at the last complete line.
+//
+// A log is JSON Lines: one envelope per line, each line ending in '\n'. A
+// final line without its newline is an append in progress and is never
+// read. An appender that finds such a torn tail while it holds the lock
+// knows its writer died (writers hold the lock for the whole line), so it
+// terminates the torn line with a '\n' first: that line then fails to parse
+// and is quarantined by the reader, and the new records stay intact.
+package applog
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Dir is the name of the directory, inside the data directory, that holds
+// the logs: <data>/logs/<tenant>/<user>.jsonl.
+const Dir = "logs"
+
+// Ext is the extension of a log file.
+const Ext = ".jsonl"
+
+// QuarantineExt is the extension of a log's quarantine file.
+const QuarantineExt = ".quarantine"
+
+// Name turns an id into a file-name component that cannot escape a
+// directory, cannot collide with another id's name (also on case-insensitive
+// file systems) and stays short: the id's bytes reduced to [a-z0-9_-] (at
+// most 40 of them) then "-" and the first 16 hex digits of SHA-256(id).
+func Name(id string) string {
+	var b strings.Builder
+	for i := 0; i < len(id) && b.Len() < 40; i++ {
+		c := id[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_':
+			b.WriteByte(c)
+		case c >= 'A' && c <= 'Z':
+			b.WriteByte(c + 'a' - 'A')
+		default:
+			b.WriteByte('_')
+		}
+	}
+	sum := sha256.Sum256([]byte(id))
+	b.WriteByte('-')
+	b.WriteString(hex.EncodeToString(sum[:8]))
+	return b.String()
+}
+
+// RelPath returns the log's path relative to the data directory.
+func RelPath(tenant, user string) string {
+	return filepath.Join(Dir, Name(tenant), Name(user)+Ext)
+}
+
+// Path returns the log's absolute path under dataDir.
+func Path(dataDir, tenant, user string) string {
+	return filepath.Join(dataDir, RelPath(tenant, user))
+}
+
+// Syncer flushes a file to stable storage; tests inject failures.
+type Syncer func(f *os.File) error
+
+// Fdatasync is the default Syncer.
+func Fdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }
+
+// Appender appends to logs with group commit: concurrent appends to the same
+// log share one write and one fsync. It is safe for concurrent use.
+type Appender struct {
+	dir  string
+	sync Syncer // nil = no fsync (relaxed mode)
+
+	mu   sync.Mutex
+	logs map[string]*group
+}
+
+// NewAppender returns an appender for the logs under dataDir. sync nil
+// disables fsync (the relaxed durability mode).
+func NewAppender(dataDir string, sync Syncer) *Appender {
+	return &Appender{dir: dataDir, sync: sync, logs: map[string]*group{}}
+}
+
+// group batches the appends to one log.
+type group struct {
+	mu      sync.Mutex
+	pending []*request
+	leader  bool
+}
+
+type request struct {
+	data []byte
+	done chan struct{}
+	off  int64
+	err  error
+}
+
+// Append appends data (one or more complete lines, each ending in '\n') to
+// the log at rel (relative to the data directory), creating directories and
+// the file as needed. It returns the offset at which data starts once data
+// is on stable storage. Either all of data is appended or none of it is: a
+// failed write is truncated away before the lock is released.
+func (a *Appender) Append(rel string, data []byte) (int64, error) {
+	if len(data) == 0 || data[len(data)-1] != '\n' {
+		return 0, errors.New("applog: append data must end with a newline")
+	}
+	a.mu.Lock()
+	g := a.logs[rel]
+	if g == nil {
+		g = &group{}
+		a.logs[rel] = g
+	}
+	a.mu.Unlock()
+
+	r := &request{data: data, done: make(chan struct{})}
+	g.mu.Lock()
+	g.pending = append(g.pending, r)
+	if g.leader {
+		g.mu.Unlock()
+		<-r.done
+		return r.off, r.err
+	}
+	g.leader = true
+	for len(g.pending) > 0 {
+		batch := g.pending
+		g.pending = nil
+		g.mu.Unlock()
+		a.flush(rel, batch)
+		g.mu.Lock()
+	}
+	g.leader = false
+	g.mu.Unlock()
+	<-r.done
+	return r.off, r.err
+}
+
+// flush writes one batch with one write and one fsync.
+func (a *Appender) flush(rel string, batch []*request) {
+	var buf []byte
+	if len(batch) == 1 {
+		buf = batch[0].data
+	} else {
+		for _, r := range batch {
+			buf = append(buf, r.data...)
+		}
+	}
+	start, err := AppendLocked(filepath.Join(a.dir, rel), buf, a.sync)
+	off := start
+	for _, r := range batch {
+		r.off, r.err = off, err
+		off += int64(len(r.data))
+		close(r.done)
+	}
+}
+
+// AppendLocked opens (creating) the log at path, takes an exclusive flock,
+// terminates a torn tail, appends buf in one write, syncs it with sync (nil =
+// no sync) and releases the lock. It returns the offset where buf starts.
+// On any failure the file is truncated back to its size before the call.
+// It needs no bbolt and no running daemon: foreign-process appenders (the
+// CLI's enqueue) use it directly.
+func AppendLocked(path string, buf []byte, sync Syncer) (int64, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return 0, fmt.Errorf("create log directory: %w", err)
+	}
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return 0, fmt.Errorf("open log: %w", err)
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+			f.Close()
+			return 0, fmt.Errorf("lock log: %w", err)
+		}
+		// The file may have been replaced (compacted or removed) between
+		// open and lock: then lock the new one.
+		same, err := samePath(f, path)
+		if err != nil || !same {
+			f.Close()
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				return 0, fmt.Errorf("stat log: %w", err)
+			}
+			continue
+		}
+		off, err := appendHeld(f, buf, sync)
+		f.Close() // releases the flock
+		return off, err
+	}
+}
+
+func samePath(f *os.File, path string) (bool, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	pi, err := os.Stat(path)
+	if err != nil {
+		return false, err
+	}
+	return os.SameFile(fi, pi), nil
+}
+
+func appendHeld(f *os.File, buf []byte, sync Syncer) (int64, error) {
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return 0, fmt.Errorf("seek log: %w", err)
+	}
+	start := size
+	if size > 0 {
+		var last [1]byte
+		if _, err := f.ReadAt(last[:], size-1); err != nil {
+			return 0, fmt.Errorf("read log tail: %w", err)
+		}
+		if last[0] != '\n' {
+			// A torn tail under our lock: its writer died mid-line.
+			buf = append([]byte{'\n'}, buf...)
+			start = size + 1
+		}
+	}
+	n, err := f.WriteAt(buf, size)
+	if err == nil && n != len(buf) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		err = fmt.Errorf("write log: %w", err)
+	} else if sync != nil {
+		if err = sync(f); err != nil {
+			err = fmt.Errorf("sync log: %w", err)
+		}
+	}
+	if err != nil {
+		// Nothing of a failed append may stay behind.
+		_ = f.Truncate(size)
+		if sync != nil {
+			_ = sync(f)
+		}
+		return 0, err
+	}
+	return start, nil
+}
+
+// ReadComplete reads the log at path from offset off up to and including
+// its last complete line. It returns the bytes read (possibly empty). A
+// missing file reads as empty.
+func ReadComplete(path string, off int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() <= off {
+		return nil, nil
+	}
+	buf := make([]byte, fi.Size()-off)
+	n, err := f.ReadAt(buf, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	buf = buf[:n]
+	i := bytes.LastIndexByte(buf, '\n')
+	return buf[:i+1], nil
+}
+
+// Line is one complete line of a log.
+type Line struct {
+	Off  int64  // offset of the line's first byte in the log
+	Data []byte // the line without its newline
+}
+
+// Lines splits complete log bytes read at offset base into lines. Empty
+// lines (just "\n") are skipped.
+func Lines(buf []byte, base int64) []Line {
+	var out []Line
+	off := base
+	for len(buf) > 0 {
+		i := bytes.IndexByte(buf, '\n')
+		if i < 0 {
+			break
+		}
+		line := buf[:i]
+		if len(bytes.TrimSpace(line)) > 0 {
+			out = append(out, Line{Off: off, Data: line})
+		}
+		off += int64(i + 1)
+		buf = buf[i+1:]
+	}
+	return out
+}
+
+// ReadAt reads n bytes of the log at path at offset off.
+func ReadAt(path string, off int64, n int) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, n)
+	if _, err := f.ReadAt(buf, off); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}

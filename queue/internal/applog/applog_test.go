@@ -1,0 +1,131 @@
+package applog
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func TestName_Hostile(t *testing.T) {
+	ids := []string{
+		"../../etc/passwd", "/abs", `a\b`, "a\x00b", ".", "..", "", strings.Repeat("x", 200),
+		strings.Repeat("x", 200) + "y", "User", "user", "USER", "uѕer" /* Cyrillic s */, "user",
+		"a/b", "a_b", "a b", "ａ", "CON", "nul",
+	}
+	seen := map[string]string{}
+	for _, id := range ids {
+		n := Name(id)
+		if strings.ContainsAny(n, "/\\\x00.") || n == "" || len(n) > 57 {
+			t.Errorf("Name(%q) = %q: not a safe single path component", id, n)
+		}
+		for _, r := range n {
+			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+				t.Errorf("Name(%q) = %q has %q", id, n, r)
+			}
+		}
+		if prev, ok := seen[n]; ok && prev != id {
+			t.Errorf("Name(%q) == Name(%q) == %q", id, prev, n)
+		}
+		seen[n] = id
+		p := Path("/data", "t", id)
+		if !strings.HasPrefix(filepath.Clean(p), "/data/logs/") {
+			t.Errorf("Path escapes: %q", p)
+		}
+	}
+}
+
+func TestAppendLocked_TornTail(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "l.jsonl")
+	if err := os.WriteFile(path, []byte("{\"a\":1}\n{\"half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The reader does not see the torn tail.
+	b, err := ReadComplete(path, 0)
+	if err != nil || string(b) != "{\"a\":1}\n" {
+		t.Fatalf("ReadComplete = %q, %v", b, err)
+	}
+	off, err := AppendLocked(path, []byte("{\"b\":2}\n"), Fdatasync)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, _ := os.ReadFile(path)
+	if got := string(all[off:]); got != "{\"b\":2}\n" {
+		t.Fatalf("record at %d = %q (file %q)", off, got, all)
+	}
+	lines := Lines(all, 0)
+	if len(lines) != 3 || string(lines[1].Data) != "{\"half" {
+		t.Fatalf("lines = %+v", lines)
+	}
+}
+
+func TestAppendLocked_SyncFailureLeavesNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "l.jsonl")
+	if _, err := AppendLocked(path, []byte("one\n"), nil); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("EIO")
+	_, err := AppendLocked(path, []byte("two\n"), func(*os.File) error { return boom })
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want the sync error", err)
+	}
+	b, _ := os.ReadFile(path)
+	if string(b) != "one\n" {
+		t.Fatalf("file after failed append = %q", b)
+	}
+}
+
+func TestAppender_GroupCommit(t *testing.T) {
+	dir := t.TempDir()
+	var syncs int
+	var mu sync.Mutex
+	a := NewAppender(dir, func(f *os.File) error { mu.Lock(); syncs++; mu.Unlock(); return Fdatasync(f) })
+	var wg sync.WaitGroup
+	offs := make([]int64, 64)
+	for i := range offs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			off, err := a.Append("logs/t/u.jsonl", []byte("0123456789\n"))
+			if err != nil {
+				t.Error(err)
+			}
+			offs[i] = off
+		}()
+	}
+	wg.Wait()
+	b, _ := os.ReadFile(filepath.Join(dir, "logs/t/u.jsonl"))
+	if len(b) != 64*11 {
+		t.Fatalf("size %d", len(b))
+	}
+	seen := map[int64]bool{}
+	for _, o := range offs {
+		if o%11 != 0 || seen[o] {
+			t.Fatalf("bad or repeated offset %d", o)
+		}
+		seen[o] = true
+	}
+	if syncs > 64 || syncs < 1 {
+		t.Fatalf("syncs = %d", syncs)
+	}
+	t.Logf("64 appends, %d fsyncs", syncs)
+}
+
+func FuzzLines(f *testing.F) {
+	f.Add([]byte("a\nb\n\nc"), int64(0))
+	f.Add([]byte("\n\n"), int64(5))
+	f.Fuzz(func(t *testing.T, b []byte, base int64) {
+		for _, l := range Lines(b, base) {
+			if strings.Contains(string(l.Data), "\n") {
+				t.Fatal("line contains newline")
+			}
+			i := l.Off - base
+			end := int(i) + len(l.Data)
+			if i < 0 || end >= len(b) || b[end] != '\n' {
+				t.Fatalf("line at %d not terminated", l.Off)
+			}
+		}
+	})
+}
