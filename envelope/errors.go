@@ -39,6 +39,7 @@ const (
 	ClassReconcileUnknown    ErrorClass = "reconcile_unknown"
 	ClassReconcileRejected   ErrorClass = "reconcile_rejected"
 	ClassOperator            ErrorClass = "operator"
+	ClassIndexRebuilt        ErrorClass = "index_rebuilt"
 	ClassUnknown             ErrorClass = "unknown"
 )
 

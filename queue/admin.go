@@ -1,0 +1,502 @@
+package queue
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Get implements Store.
+func (q *Queue) Get(ctx context.Context, tenant, id string) (*EnvelopeStatus, error) {
+	if tenant == "" {
+		tenant = envelope.DefaultTenant
+	}
+	var st *EnvelopeStatus
+	var rec *envRec
+	err := q.view(func(tx *bolt.Tx) error {
+		ek := envKey(tenant, id)
+		e, err := getEnv(tx, ek)
+		if err != nil {
+			return err
+		}
+		if e == nil {
+			return ErrNotFound
+		}
+		rec = e
+		st = &EnvelopeStatus{Tenant: tenant, ID: id, UserID: e.User, Channel: e.Channel, Template: e.Template, EnqueuedAt: fromNano(e.Enq)}
+		for seg := 0; seg < e.Segs; seg++ {
+			r, err := getRow(tx, rowKey(ek, seg))
+			if err != nil {
+				return err
+			}
+			if r == nil {
+				continue
+			}
+			st.Segments = append(st.Segments, segmentStatus(seg, r))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	st.Status = aggregate(st.Segments)
+	if env, err := q.readEnvelope(rec); err == nil {
+		st.Envelope = env
+	}
+	return st, nil
+}
+
+func segmentStatus(seg int, r *rowRec) SegmentStatus {
+	return SegmentStatus{
+		Index: seg, State: r.State, Attempts: r.Attempts, Class: r.Class, Receipt: r.Receipt,
+		Fence: r.Fence, NextAt: fromNano(r.Due), LeaseEnd: fromNano(r.LeaseEnd),
+		UpdatedAt: fromNano(r.Updated), History: r.History,
+	}
+}
+
+// aggregate is an envelope's status: delivered, or the first unsent segment's state.
+func aggregate(segs []SegmentStatus) string {
+	for _, s := range segs {
+		if s.State != envelope.StateSent {
+			return string(s.State)
+		}
+	}
+	return StatusDelivered
+}
+
+// List implements Store.
+func (q *Queue) List(ctx context.Context, f ListFilter) (*Page, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 50
+	}
+	if limit > 1000 {
+		limit = 1000
+	}
+	var after []byte
+	if f.Cursor != "" {
+		b, err := base64.RawURLEncoding.DecodeString(f.Cursor)
+		if err != nil || len(b) != 12 {
+			return nil, fmt.Errorf("queue: bad list cursor")
+		}
+		after = b
+	}
+	page := &Page{}
+	err := q.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bktOrder).Cursor()
+		var k, v []byte
+		startSeg := 0
+		if after != nil {
+			k, v = c.Seek(after[:8])
+			startSeg = int(beUint32(after[8:])) + 1
+			if k != nil && !bytes.Equal(k, after[:8]) {
+				startSeg = 0
+			}
+		} else {
+			k, v = c.First()
+		}
+		for ; k != nil; k, v = c.Next() {
+			tenant, id := splitEnvKey(v)
+			if f.Tenant != "" && tenant != f.Tenant {
+				startSeg = 0
+				continue
+			}
+			e, err := getEnv(tx, v)
+			if err != nil {
+				return err
+			}
+			if e == nil || (f.Channel != "" && e.Channel != f.Channel) {
+				startSeg = 0
+				continue
+			}
+			for seg := startSeg; seg < e.Segs; seg++ {
+				r, err := getRow(tx, rowKey(v, seg))
+				if err != nil {
+					return err
+				}
+				if r == nil || (f.State != "" && r.State != f.State) {
+					continue
+				}
+				if len(page.Rows) == limit {
+					page.Next = base64.RawURLEncoding.EncodeToString(q.cursor(page, tx))
+					return nil
+				}
+				page.Rows = append(page.Rows, Row{
+					Key:    envelope.Key{Tenant: tenant, EnvelopeID: id, Segment: seg},
+					UserID: e.User, Channel: e.Channel, State: r.State, Attempts: r.Attempts,
+					Class: r.Class, UpdatedAt: fromNano(r.Updated),
+				})
+			}
+			startSeg = 0
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return page, nil
+}
+
+// cursor encodes the position of the page's last row: its seq and segment.
+func (q *Queue) cursor(p *Page, tx *bolt.Tx) []byte {
+	last := p.Rows[len(p.Rows)-1]
+	e, _ := getEnv(tx, envKey(last.Key.Tenant, last.Key.EnvelopeID))
+	b := u64(e.Seq)
+	b = append(b, byte(last.Key.Segment>>24), byte(last.Key.Segment>>16), byte(last.Key.Segment>>8), byte(last.Key.Segment))
+	return b
+}
+
+// Counts implements Store.
+func (q *Queue) Counts(ctx context.Context, tenant string) (Counts, error) {
+	out := Counts{}
+	err := q.view(func(tx *bolt.Tx) error {
+		envs := tx.Bucket(bktEnv)
+		chans := map[string]envelope.Channel{}
+		return tx.Bucket(bktRows).ForEach(func(k, v []byte) error {
+			ek, _ := splitRowKey(k)
+			t, _ := splitEnvKey(ek)
+			if tenant != "" && t != tenant {
+				return nil
+			}
+			ch, ok := chans[string(ek)]
+			if !ok {
+				var e envRec
+				if raw := envs.Get(ek); raw != nil {
+					if err := jsonUnmarshal(raw, &e); err != nil {
+						return err
+					}
+				}
+				ch = e.Channel
+				if len(chans) < 4096 {
+					chans[string(ek)] = ch
+				}
+			}
+			var r rowRec
+			if err := jsonUnmarshal(v, &r); err != nil {
+				return err
+			}
+			if out[r.State] == nil {
+				out[r.State] = map[envelope.Channel]int{}
+			}
+			out[r.State][ch]++
+			return nil
+		})
+	})
+	return out, err
+}
+
+// operator applies fn to every segment of an envelope in an operator
+// transaction; fn returns whether it changed the row.
+func (q *Queue) operator(ctx context.Context, tenant, id string, fn func(r *rowRec, now time.Time) bool) error {
+	if tenant == "" {
+		tenant = envelope.DefaultTenant
+	}
+	err := q.write(ctx, false, func(tx *bolt.Tx) error {
+		ek := envKey(tenant, id)
+		e, err := getEnv(tx, ek)
+		if err != nil {
+			return err
+		}
+		if e == nil {
+			return ErrNotFound
+		}
+		now := q.opts.Now()
+		type change struct {
+			seg      int
+			old, new rowRec
+		}
+		var changes []change
+		for seg := 0; seg < e.Segs; seg++ {
+			r, err := getRow(tx, rowKey(ek, seg))
+			if err != nil {
+				return err
+			}
+			if r == nil {
+				continue
+			}
+			old := *r
+			if fn(r, now) {
+				r.Updated = now.UnixNano()
+				r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: r.State, Class: envelope.ClassOperator})
+				changes = append(changes, change{seg, old, *r})
+			}
+		}
+		if len(changes) == 0 {
+			return ErrInvalidTransition
+		}
+		// Only the first segment not yet sent may be due (chat order).
+		first := -1
+		for seg := 0; seg < e.Segs; seg++ {
+			r, _ := getRow(tx, rowKey(ek, seg))
+			for _, c := range changes {
+				if c.seg == seg {
+					r = &c.new
+				}
+			}
+			if r != nil && r.State != envelope.StateSent {
+				first = seg
+				break
+			}
+		}
+		for _, c := range changes {
+			nr := c.new
+			if (nr.State == envelope.StatePending || nr.State == envelope.StateRetryable) && c.seg != first {
+				nr.Due = 0
+			}
+			old := c.old
+			if err := putRow(tx, ek, c.seg, e, tenant, &old, &nr); err != nil {
+				return err
+			}
+		}
+		// A segment resolved as sent may unblock the next.
+		if first >= 0 {
+			r, _ := getRow(tx, rowKey(ek, first))
+			if r != nil && r.State == envelope.StatePending && r.Due == 0 {
+				old := *r
+				r.Due = now.UnixNano()
+				if err := putRow(tx, ek, first, e, tenant, &old, r); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		q.wake()
+	}
+	return err
+}
+
+// Requeue implements Store.
+func (q *Queue) Requeue(ctx context.Context, tenant, id string) error {
+	return q.operator(ctx, tenant, id, func(r *rowRec, now time.Time) bool {
+		switch r.State {
+		case envelope.StateDeadLetter, envelope.StateUnresolved, envelope.StateExpired, envelope.StateSuppressed:
+			r.State = envelope.StatePending
+			r.Class = ""
+			r.Owner, r.LeaseEnd, r.ToPending = "", 0, false
+			r.Due = now.UnixNano()
+			return true
+		}
+		return false
+	})
+}
+
+// Resolve implements Store.
+func (q *Queue) Resolve(ctx context.Context, tenant, id string, as envelope.State) error {
+	if as != envelope.StateSent && as != envelope.StateRetryable {
+		return fmt.Errorf("%w: resolve as %q (want sent or retryable)", ErrInvalidTransition, as)
+	}
+	return q.operator(ctx, tenant, id, func(r *rowRec, now time.Time) bool {
+		if r.State != envelope.StateUnresolved {
+			return false
+		}
+		r.State = as
+		r.Owner, r.LeaseEnd, r.ToPending = "", 0, false
+		if as == envelope.StateRetryable {
+			r.Due = now.UnixNano()
+		} else {
+			r.Due = 0
+			r.Class = ""
+		}
+		return true
+	})
+}
+
+// Consent implements Store.
+func (q *Queue) Consent(ctx context.Context, tenant, userID string) (Consent, error) {
+	var c Consent
+	err := q.view(func(tx *bolt.Tx) error {
+		var err error
+		c, _, err = getConsent(tx, tenantOr(tenant), userID)
+		return err
+	})
+	return c, err
+}
+
+// SetConsent implements Store.
+func (q *Queue) SetConsent(ctx context.Context, tenant, userID string, f ConsentFlags) error {
+	return q.write(ctx, false, func(tx *bolt.Tx) error {
+		c, _, err := getConsent(tx, tenantOr(tenant), userID)
+		if err != nil {
+			return err
+		}
+		c.ConsentFlags = f
+		c.UpdatedAt = q.opts.Now().UTC()
+		return putConsent(tx, tenantOr(tenant), userID, c)
+	})
+}
+
+// Suppress implements Store.
+func (q *Queue) Suppress(ctx context.Context, tenant, userID string, s Suppression) error {
+	return q.write(ctx, false, func(tx *bolt.Tx) error {
+		c, _, err := getConsent(tx, tenantOr(tenant), userID)
+		if err != nil {
+			return err
+		}
+		if s.At.IsZero() {
+			s.At = q.opts.Now().UTC()
+		}
+		c.Suppressions = addSuppression(c.Suppressions, s)
+		c.UpdatedAt = q.opts.Now().UTC()
+		return putConsent(tx, tenantOr(tenant), userID, c)
+	})
+}
+
+func tenantOr(t string) string {
+	if t == "" {
+		return envelope.DefaultTenant
+	}
+	return t
+}
+
+// Erase implements Store.
+func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
+	tenant = tenantOr(tenant)
+	var logs []string
+	err := q.write(ctx, false, func(tx *bolt.Tx) error {
+		prefix := []byte(tenant + "\x00" + userID + "\x00")
+		var ids []string
+		c := tx.Bucket(bktUsers).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			ids = append(ids, string(k[len(prefix):]))
+		}
+		for _, id := range ids {
+			rel, err := deleteEnvelope(tx, tenant, id)
+			if err != nil {
+				return err
+			}
+			if rel != "" {
+				logs = append(logs, rel)
+			}
+		}
+		for _, id := range ids {
+			_ = tx.Bucket(bktUsers).Delete(append(append([]byte(nil), prefix...), id...))
+		}
+		if err := tx.Bucket(bktConsent).Delete(consentKey(tenant, userID)); err != nil {
+			return err
+		}
+		rel := logRel(tenant, userID)
+		_ = tx.Bucket(bktLogs).Delete([]byte(rel))
+		logs = append(logs, rel)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, rel := range uniq(logs) {
+		p := filepath.Join(q.dir, rel)
+		_ = os.Remove(p)
+		_ = os.Remove(p + quarantineExt)
+	}
+	return nil
+}
+
+// deleteEnvelope removes an envelope's entry, rows and index entries. It
+// returns the envelope's log.
+func deleteEnvelope(tx *bolt.Tx, tenant, id string) (string, error) {
+	ek := envKey(tenant, id)
+	e, err := getEnv(tx, ek)
+	if err != nil || e == nil {
+		return "", err
+	}
+	for seg := 0; seg < e.Segs; seg++ {
+		rk := rowKey(ek, seg)
+		r, err := getRow(tx, rk)
+		if err != nil {
+			return "", err
+		}
+		if r != nil {
+			if err := putRow(tx, ek, seg, e, tenant, r, &rowRec{}); err != nil {
+				return "", err
+			}
+			if err := tx.Bucket(bktRows).Delete(rk); err != nil {
+				return "", err
+			}
+		}
+	}
+	if err := tx.Bucket(bktOrder).Delete(u64(e.Seq)); err != nil {
+		return "", err
+	}
+	if err := tx.Bucket(bktUsers).Delete(userKey(tenant, e.User, id)); err != nil {
+		return "", err
+	}
+	return e.Log, tx.Bucket(bktEnv).Delete(ek)
+}
+
+func uniq(in []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range in {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Prune implements Store. Logs whose records were all pruned are removed
+// (under their lock, only when nothing was appended since they were read).
+func (q *Queue) Prune(ctx context.Context) (int, error) {
+	n := 0
+	var emptied []string
+	err := q.write(ctx, false, func(tx *bolt.Tx) error {
+		cutoff := q.opts.Now().Add(-q.opts.Retention).UnixNano()
+		type victim struct{ tenant, id string }
+		var victims []victim
+		logsLeft := map[string]int{}
+		err := tx.Bucket(bktEnv).ForEach(func(k, v []byte) error {
+			var e envRec
+			if err := jsonUnmarshal(v, &e); err != nil {
+				return err
+			}
+			logsLeft[e.Log]++
+			prune := true
+			for seg := 0; seg < e.Segs && prune; seg++ {
+				r, err := getRow(tx, rowKey(k, seg))
+				if err != nil {
+					return err
+				}
+				if r == nil || !r.State.Terminal() || r.Updated > cutoff {
+					prune = false
+				}
+			}
+			if prune {
+				t, id := splitEnvKey(k)
+				victims = append(victims, victim{t, id})
+				logsLeft[e.Log]--
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, v := range victims {
+			if _, err := deleteEnvelope(tx, v.tenant, v.id); err != nil {
+				return err
+			}
+			n++
+		}
+		for rel, left := range logsLeft {
+			if left == 0 {
+				emptied = append(emptied, rel)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, rel := range emptied {
+		q.removeLogIfDone(rel)
+	}
+	return n, nil
+}

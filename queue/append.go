@@ -1,0 +1,93 @@
+package queue
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue/internal/applog"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Append appends envelopes to their users' logs under the data directory
+// dir without opening the store: it needs no bbolt and no running daemon.
+// Every envelope is validated first; if one is invalid nothing is appended
+// and the error is an *EnqueueError. Each log gets one write under its
+// exclusive lock, then fsync, then the lock is released. A running store's
+// tailer ingests the records within milliseconds; a stopped one does on
+// its next Open. Duplicates are appended too (the store ignores them when
+// it indexes); use Known to tell the caller beforehand.
+//
+// Envelopes for several logs are appended log by log: a failure part-way
+// leaves the earlier logs' records in place (they are durable and will be
+// delivered); the error says so.
+func Append(dir string, envs ...*envelope.Envelope) error {
+	byLog := map[string][]byte{}
+	var order []string
+	for i, in := range envs {
+		e := cloneEnvelope(in)
+		if e.TenantID == "" {
+			e.TenantID = envelope.DefaultTenant
+		}
+		if err := envelope.Validate(e); err != nil {
+			return &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
+		}
+		line, err := json.Marshal(e)
+		if err != nil {
+			return &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
+		}
+		rel := applog.RelPath(e.TenantID, e.UserID)
+		if _, ok := byLog[rel]; !ok {
+			order = append(order, rel)
+		}
+		byLog[rel] = append(append(byLog[rel], line...), '\n')
+	}
+	for i, rel := range order {
+		if _, err := applog.AppendLocked(filepath.Join(dir, rel), byLog[rel], applog.Fdatasync); err != nil {
+			if i > 0 {
+				return fmt.Errorf("append to log %d of %d: %w (the earlier logs' records were appended)", i+1, len(order), err)
+			}
+			return fmt.Errorf("append to log: %w", err)
+		}
+	}
+	return nil
+}
+
+// ErrStoreBusy is returned by Known when a running process holds the store.
+var ErrStoreBusy = errors.New("queue: store is open in another process")
+
+// Known reports which (tenant, id) pairs the store in dir has indexed,
+// reading the index without a daemon. It returns ErrStoreBusy when another
+// process (outbox serve) has the store open, and an empty result when the
+// store does not exist yet.
+func Known(dir string, keys []envelope.Key) (map[envelope.Key]bool, error) {
+	out := map[envelope.Key]bool{}
+	path := filepath.Join(dir, IndexFile)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 50 * time.Millisecond})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, ErrStoreBusy
+		}
+		if isNotExist(err) {
+			return out, nil
+		}
+		return nil, err
+	}
+	defer db.Close()
+	err = db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bktEnv)
+		if b == nil {
+			return nil
+		}
+		for _, k := range keys {
+			if b.Get(envKey(tenantOr(k.Tenant), k.EnvelopeID)) != nil {
+				out[k] = true
+			}
+		}
+		return nil
+	})
+	return out, err
+}

@@ -1,0 +1,230 @@
+package queue
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue/internal/applog"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Report is the result of Check.
+type Report struct {
+	Logs        int      `json:"logs"`
+	Envelopes   int      `json:"envelopes"`
+	Rows        int      `json:"rows"`
+	Quarantined int      `json:"quarantined"`
+	Unindexed   int64    `json:"unindexed_bytes"` // complete log bytes past the indexed offsets
+	Problems    []string `json:"problems,omitempty"`
+}
+
+// OK reports whether the check found no problem.
+func (r *Report) OK() bool { return len(r.Problems) == 0 }
+
+// Check verifies that the index and the logs of the store in dir agree:
+// bbolt's own consistency check, every log offset within its file, every
+// envelope's record readable at its place and naming the same id, every row
+// present in exactly the indexes its state implies. It opens the store
+// read-only and fails with ErrStoreBusy while another process has it open.
+func Check(dir string) (*Report, error) {
+	path := filepath.Join(dir, IndexFile)
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("check: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, ErrStoreBusy
+		}
+		return &Report{Problems: []string{"index cannot be opened: " + err.Error()}}, nil
+	}
+	defer db.Close()
+	rep := &Report{}
+	bad := func(format string, a ...any) {
+		if len(rep.Problems) < 100 {
+			rep.Problems = append(rep.Problems, fmt.Sprintf(format, a...))
+		}
+	}
+	err = db.View(func(tx *bolt.Tx) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				bad("index is corrupt: %v", r)
+				err = nil
+			}
+		}()
+		for e := range tx.Check() {
+			bad("index: %v", e)
+		}
+		for _, b := range allBuckets {
+			if tx.Bucket(b) == nil {
+				bad("index: bucket %q missing", b)
+				return nil
+			}
+		}
+		_ = tx.Bucket(bktLogs).ForEach(func(k, v []byte) error {
+			rep.Logs++
+			fi, err := os.Stat(filepath.Join(dir, string(k)))
+			if err != nil {
+				bad("log %s: %v", k, err)
+				return nil
+			}
+			if len(v) == 16 {
+				off := int64(binary.BigEndian.Uint64(v))
+				if off > fi.Size() {
+					bad("log %s: indexed offset %d past its size %d", k, off, fi.Size())
+				} else if b, err := applog.ReadComplete(filepath.Join(dir, string(k)), off); err == nil {
+					rep.Unindexed += int64(len(b))
+				}
+			}
+			return nil
+		})
+		dueSeen, leaseSeen := 0, 0
+		_ = tx.Bucket(bktDue).ForEachBucket(func(name []byte) error {
+			return tx.Bucket(bktDue).Bucket(name).ForEach(func(k, v []byte) error {
+				dueSeen++
+				seg := int(beUint32(k[16:20]))
+				r, _ := getRow(tx, rowKey(v, seg))
+				if r == nil || r.Due != int64(beUint64(k[:8])) {
+					bad("due index entry without a matching row")
+				}
+				return nil
+			})
+		})
+		_ = tx.Bucket(bktLeases).ForEach(func(k, _ []byte) error {
+			leaseSeen++
+			r, _ := getRow(tx, k[8:])
+			if r == nil || r.State != envelope.StateSending || r.LeaseEnd != int64(beUint64(k[:8])) {
+				bad("lease index entry without a matching sending row")
+			}
+			return nil
+		})
+		dueWant, leaseWant := 0, 0
+		_ = tx.Bucket(bktEnv).ForEach(func(k, v []byte) error {
+			rep.Envelopes++
+			var e envRec
+			if err := json.Unmarshal(v, &e); err != nil {
+				bad("envelope entry undecodable")
+				return nil
+			}
+			_, id := splitEnvKey(k)
+			b, err := applog.ReadAt(filepath.Join(dir, e.Log), e.Off, e.Len)
+			if err != nil {
+				bad("envelope record unreadable in %s at %d", e.Log, e.Off)
+			} else {
+				var env envelope.Envelope
+				if json.Unmarshal(b, &env) != nil || env.ID != id {
+					bad("envelope record in %s at %d does not match its index entry", e.Log, e.Off)
+				}
+			}
+			for seg := 0; seg < e.Segs; seg++ {
+				r, err := getRow(tx, rowKey(k, seg))
+				if err != nil || r == nil {
+					bad("envelope in %s at %d: row %d missing", e.Log, e.Off, seg)
+					continue
+				}
+				rep.Rows++
+				if !r.State.Valid() {
+					bad("row with unknown state %q", r.State)
+				}
+				if r.Due > 0 {
+					dueWant++
+				}
+				if r.State == envelope.StateSending && r.LeaseEnd > 0 {
+					leaseWant++
+				}
+			}
+			return nil
+		})
+		if dueSeen != dueWant {
+			bad("due index has %d entries, rows want %d", dueSeen, dueWant)
+		}
+		if leaseSeen != leaseWant {
+			bad("lease index has %d entries, rows want %d", leaseSeen, leaseWant)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if q, err := ReadQuarantine(dir); err == nil {
+		rep.Quarantined = len(q)
+	}
+	return rep, nil
+}
+
+// Rebuild rebuilds the index of the store in dir from its logs, after the
+// bbolt file was lost or corrupted. The old file, if any, is kept beside it
+// as index.db.broken-<time>. Consent records and delivery states cannot be
+// recovered from the logs: every rebuilt row whose envelope has not expired
+// becomes unresolved (class index_rebuilt), never redelivered automatically;
+// an operator requeues or resolves them. It returns the number of envelopes
+// indexed.
+func Rebuild(dir string, opts *Options) (int, error) {
+	o := opts.withDefaults()
+	path := filepath.Join(dir, IndexFile)
+	if _, err := os.Stat(path); err == nil {
+		// Refuse while a process holds the store.
+		db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
+		if errors.Is(err, bolt.ErrTimeout) {
+			return 0, ErrStoreBusy
+		}
+		if db != nil {
+			db.Close()
+		}
+		aside := path + ".broken-" + o.Now().UTC().Format("20060102T150405")
+		if err := os.Rename(path, aside); err != nil {
+			return 0, fmt.Errorf("rebuild: move the old index aside: %w", err)
+		}
+	}
+	oo := o
+	oo.DisableWatcher = true
+	oo.RescanInterval = -1
+	q, err := Open(dir, &oo)
+	if err != nil {
+		return 0, fmt.Errorf("rebuild: %w", err)
+	}
+	defer q.Close()
+	n := 0
+	now := o.Now()
+	err = q.write(context.Background(), false, func(tx *bolt.Tx) error {
+		var keys [][]byte
+		_ = tx.Bucket(bktEnv).ForEach(func(k, _ []byte) error {
+			keys = append(keys, append([]byte(nil), k...))
+			return nil
+		})
+		for _, ek := range keys {
+			e, err := getEnv(tx, ek)
+			if err != nil || e == nil {
+				return err
+			}
+			tenant, _ := splitEnvKey(ek)
+			n++
+			for seg := 0; seg < e.Segs; seg++ {
+				r, err := getRow(tx, rowKey(ek, seg))
+				if err != nil || r == nil {
+					return err
+				}
+				old := *r
+				r.Due = 0
+				if e.Exp > 0 && now.UnixNano() >= e.Exp {
+					r.State, r.Class = envelope.StateExpired, envelope.ClassExpired
+				} else {
+					r.State, r.Class = envelope.StateUnresolved, envelope.ClassIndexRebuilt
+				}
+				r.History = append(r.History, Attempt{At: now, State: r.State, Class: r.Class})
+				if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	return n, err
+}

@@ -1,0 +1,78 @@
+package queue
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/outboxhq/outbox/queue/internal/applog"
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+)
+
+const quarantineExt = applog.QuarantineExt
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+func logRel(tenant, user string) string { return applog.RelPath(tenant, user) }
+
+// LogPath returns the path of the append log of (tenant, user) under a data
+// directory: <dir>/logs/<Name(tenant)>/<Name(user)>.jsonl, where Name keeps
+// up to 40 bytes of the id reduced to [a-z0-9_-] and adds "-" and the first
+// 16 hex digits of the id's SHA-256. Foreign appenders use it (or the same
+// rule) to find the file to append to.
+func LogPath(dir, tenant, user string) string {
+	return applog.Path(dir, tenantOr(tenant), user)
+}
+
+// inode returns the file's inode number: a log replaced or recreated after
+// removal starts again at offset 0.
+func inode(path string) (uint64, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Ino, nil
+	}
+	return 0, nil
+}
+
+// removeLogIfDone removes a log whose records were all pruned: under the
+// log's lock, and only when nothing was appended past the indexed offset.
+func (q *Queue) removeLogIfDone(rel string) {
+	path := filepath.Join(q.dir, rel)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX) != nil {
+		return
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return
+	}
+	var off int64 = -1
+	_ = q.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bktLogs).Get([]byte(rel)); len(v) == 16 {
+			off = int64(binary.BigEndian.Uint64(v))
+		}
+		return nil
+	})
+	if off != fi.Size() {
+		return
+	}
+	_ = os.Remove(path)
+	_ = os.Remove(path + quarantineExt)
+	_ = q.write(context.Background(), false, func(tx *bolt.Tx) error {
+		return tx.Bucket(bktLogs).Delete([]byte(rel))
+	})
+}
+
+func isNotExist(err error) bool { return errors.Is(err, os.ErrNotExist) }

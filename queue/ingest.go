@@ -1,0 +1,496 @@
+package queue
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue/internal/applog"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Segments returns how many delivery rows an envelope materialises: the
+// number of chat segments of a reply-text.v1 text, 1 otherwise.
+func Segments(e *envelope.Envelope) int {
+	if e.Template == envelope.TemplateReply {
+		if p, err := e.ReplyPayload(); err == nil {
+			if n := len(envelope.SplitReply(p.Text)); n > 0 {
+				return n
+			}
+		}
+	}
+	return 1
+}
+
+// prepared is one validated envelope on its way into a log.
+type prepared struct {
+	env  *envelope.Envelope
+	ek   []byte
+	rel  string
+	line []byte
+	dup  bool
+	off  int64
+}
+
+// Enqueue implements Store. The records are appended to the users' logs
+// (one write and one fsync per log, shared with concurrent enqueues) and
+// indexed before it returns.
+func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]EnqueueResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if q.isClosed() {
+		return nil, ErrClosed
+	}
+	items := make([]*prepared, len(envs))
+	for i, in := range envs {
+		if in == nil {
+			return nil, &EnqueueError{Index: i, Err: errors.New("nil envelope")}
+		}
+		e := cloneEnvelope(in)
+		if e.TenantID == "" {
+			e.TenantID = envelope.DefaultTenant
+		}
+		if err := envelope.Validate(e); err != nil {
+			return nil, &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
+		}
+		line, err := json.Marshal(e)
+		if err != nil {
+			return nil, &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
+		}
+		items[i] = &prepared{
+			env:  e,
+			ek:   envKey(e.TenantID, e.ID),
+			rel:  applog.RelPath(e.TenantID, e.UserID),
+			line: append(line, '\n'),
+		}
+	}
+
+	// Consent and duplicates, then reserve the new keys against
+	// concurrent enqueues of the same ids.
+	if err := q.checkConsent(ctx, items); err != nil {
+		return nil, err
+	}
+	reserved, err := q.reserve(items)
+	defer q.unreserve(reserved)
+	if err != nil {
+		return nil, err
+	}
+
+	// Append: one write per log.
+	byLog := map[string][]*prepared{}
+	var logs []string
+	for _, it := range items {
+		if it.dup {
+			continue
+		}
+		if _, ok := byLog[it.rel]; !ok {
+			logs = append(logs, it.rel)
+		}
+		byLog[it.rel] = append(byLog[it.rel], it)
+	}
+	type written struct {
+		rel        string
+		start, end int64
+	}
+	var done []written
+	for _, rel := range logs {
+		var buf []byte
+		for _, it := range byLog[rel] {
+			buf = append(buf, it.line...)
+		}
+		start, err := q.app.Append(rel, buf)
+		if err != nil {
+			// Withdraw what this call already appended to other logs.
+			for _, w := range done {
+				q.withdraw(w.rel, w.start, w.end)
+			}
+			q.m.enqueueErrors.Inc()
+			return nil, fmt.Errorf("enqueue: append to log: %w", err)
+		}
+		off := start
+		for _, it := range byLog[rel] {
+			it.off = off
+			off += int64(len(it.line))
+		}
+		done = append(done, written{rel, start, off})
+	}
+
+	// Index: the writer catches each log up to its end, which includes
+	// our records (and any foreign records before them).
+	known := map[string]*prepared{}
+	for _, it := range items {
+		if !it.dup {
+			known[it.rel+"\x00"+strconv.FormatInt(it.off, 10)] = it
+		}
+	}
+	created := map[string]bool{}
+	err = q.write(context.WithoutCancel(ctx), true, func(tx *bolt.Tx) error {
+		for _, rel := range logs {
+			if err := q.catchUp(tx, rel, known, created); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		// The records are durable in the logs: the tailer or the next
+		// Open indexes them. Report the failure all the same.
+		return nil, fmt.Errorf("enqueue: index: %w", err)
+	}
+	res := make([]EnqueueResult, len(items))
+	for i, it := range items {
+		res[i] = EnqueueResult{Tenant: it.env.TenantID, ID: it.env.ID, Duplicate: it.dup || !created[string(it.ek)], Segments: Segments(it.env)}
+		if !res[i].Duplicate {
+			q.m.enqueued.WithLabelValues(string(it.env.Channel)).Inc()
+		} else {
+			q.m.duplicates.Inc()
+		}
+	}
+	q.wake()
+	return res, nil
+}
+
+func (q *Queue) checkConsent(ctx context.Context, items []*prepared) error {
+	return q.view(func(tx *bolt.Tx) error {
+		for i, it := range items {
+			c, found, err := q.consentFor(ctx, tx, it.env.TenantID, it.env.UserID)
+			if err != nil {
+				return fmt.Errorf("enqueue: consent: %w", err)
+			}
+			if ok, class := c.Allows(found, it.env); !ok {
+				return &EnqueueError{Index: i, Tenant: it.env.TenantID, ID: it.env.ID, Reason: class, Err: ErrConsentDenied}
+			}
+		}
+		return nil
+	})
+}
+
+// consentFor reads current consent from the configured source or the store.
+func (q *Queue) consentFor(ctx context.Context, tx *bolt.Tx, tenant, user string) (Consent, bool, error) {
+	if q.opts.Consent != nil {
+		return q.opts.Consent.Consent(ctx, tenant, user)
+	}
+	return getConsent(tx, tenant, user)
+}
+
+// reserve marks duplicates and reserves the new keys; it returns the keys
+// reserved (to release after indexing).
+func (q *Queue) reserve(items []*prepared) ([]string, error) {
+	seen := map[string]bool{}
+	err := q.view(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bktEnv)
+		for _, it := range items {
+			k := string(it.ek)
+			if seen[k] || b.Get(it.ek) != nil {
+				it.dup = true
+			}
+			seen[k] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var reserved []string
+	for {
+		q.mu.Lock()
+		busy := false
+		for _, it := range items {
+			if !it.dup {
+				if _, ok := q.inflight[string(it.ek)]; ok {
+					busy = true
+					break
+				}
+			}
+		}
+		if !busy {
+			for _, it := range items {
+				if !it.dup {
+					q.inflight[string(it.ek)] = struct{}{}
+					reserved = append(reserved, string(it.ek))
+				}
+			}
+			q.mu.Unlock()
+			return reserved, nil
+		}
+		q.mu.Unlock()
+		// Another enqueue of the same id is in flight: wait for it, then
+		// look again (it is a duplicate once indexed).
+		time.Sleep(50 * time.Microsecond)
+		err := q.view(func(tx *bolt.Tx) error {
+			for _, it := range items {
+				if !it.dup && tx.Bucket(bktEnv).Get(it.ek) != nil {
+					it.dup = true
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+func (q *Queue) unreserve(keys []string) {
+	q.mu.Lock()
+	for _, k := range keys {
+		delete(q.inflight, k)
+	}
+	q.mu.Unlock()
+}
+
+// withdraw removes records of a failed batch from a log: truncated when
+// nothing was appended after them, else recorded as skipped for the indexer.
+func (q *Queue) withdraw(rel string, start, end int64) {
+	path := filepath.Join(q.dir, rel)
+	if fi, err := os.Stat(path); err == nil && fi.Size() == end {
+		if err := os.Truncate(path, start); err == nil {
+			return
+		}
+	}
+	_ = q.write(context.Background(), false, func(tx *bolt.Tx) error {
+		k := append([]byte(rel+"\x00"), u64(uint64(start))...)
+		v := u64(uint64(end))
+		return tx.Bucket(bktSkip).Put(k, v)
+	})
+}
+
+// catchUpAll indexes every log from its stored offset (Open, rescans).
+func (q *Queue) catchUpAll() error {
+	rels, err := q.listLogs()
+	if err != nil {
+		return err
+	}
+	if len(rels) == 0 {
+		return nil
+	}
+	return q.write(context.Background(), true, func(tx *bolt.Tx) error {
+		for _, rel := range rels {
+			if err := q.catchUp(tx, rel, nil, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// listLogs returns every log's path relative to the data directory.
+func (q *Queue) listLogs() ([]string, error) {
+	root := filepath.Join(q.dir, applog.Dir)
+	var out []string
+	tenants, err := os.ReadDir(root)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	for _, t := range tenants {
+		if !t.IsDir() {
+			continue
+		}
+		files, err := os.ReadDir(filepath.Join(root, t.Name()))
+		if err != nil {
+			continue
+		}
+		for _, f := range files {
+			if !f.IsDir() && filepath.Ext(f.Name()) == applog.Ext {
+				out = append(out, filepath.Join(applog.Dir, t.Name(), f.Name()))
+			}
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// catchUp indexes the complete lines of log rel past its stored offset and
+// stores the new offset, all in tx. known maps "rel 0 offset" to records
+// this process already validated; created collects the env keys it creates.
+// It writes nothing when it fails before the first write... it cannot fail
+// after: parse problems are quarantined, not returned.
+func (q *Queue) catchUp(tx *bolt.Tx, rel string, known map[string]*prepared, created map[string]bool) error {
+	logs := tx.Bucket(bktLogs)
+	path := filepath.Join(q.dir, rel)
+	ino, err := inode(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("stat log: %w", err)
+	}
+	var off int64
+	if v := logs.Get([]byte(rel)); len(v) == 16 && binary.BigEndian.Uint64(v[8:]) == ino {
+		off = int64(binary.BigEndian.Uint64(v))
+	}
+	data, err := applog.ReadComplete(path, off)
+	if err != nil {
+		q.log.Error("read log failed", "operation", "ingest", "status", "error")
+		return fmt.Errorf("read log: %w", err)
+	}
+	if len(data) == 0 {
+		return nil
+	}
+	now := q.opts.Now()
+	skip := tx.Bucket(bktSkip)
+	for _, ln := range applog.Lines(data, off) {
+		key := rel + "\x00" + strconv.FormatInt(ln.Off, 10)
+		if v := skip.Get(append([]byte(rel+"\x00"), u64(uint64(ln.Off))...)); v != nil {
+			continue
+		}
+		var env *envelope.Envelope
+		if p := known[key]; p != nil {
+			env = p.env
+		} else {
+			e, err := envelope.Parse(ln.Data)
+			if err != nil {
+				q.quarantine(rel, ln.Off, err)
+				continue
+			}
+			if e.TenantID == "" {
+				e.TenantID = envelope.DefaultTenant
+			}
+			if applog.RelPath(e.TenantID, e.UserID) != rel {
+				q.quarantine(rel, ln.Off, errors.New("record belongs to another tenant or user than its log"))
+				continue
+			}
+			env = e
+		}
+		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, now, known[key] != nil)
+		if err != nil {
+			return err
+		}
+		if ok && created != nil {
+			created[string(envKey(env.TenantID, env.ID))] = true
+		}
+		if known[key] == nil && ok {
+			q.m.ingested.Inc()
+		}
+	}
+	return logs.Put([]byte(rel), append(u64(uint64(off+int64(len(data)))), u64(ino)...))
+}
+
+// indexRecord creates the env entry and rows of one record unless its
+// (tenant, id) exists. Records from other processes that current consent
+// forbids are stored as suppressed.
+func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *envelope.Envelope, now time.Time, checked bool) (bool, error) {
+	ek := envKey(env.TenantID, env.ID)
+	if tx.Bucket(bktEnv).Get(ek) != nil {
+		return false, nil
+	}
+	segs := Segments(env)
+	rec := &envRec{
+		User: env.UserID, Channel: env.Channel, Template: env.Template,
+		Log: rel, Off: off, Len: n, Segs: segs,
+		Enq: now.UnixNano(), Exp: nano(env.ExpiresAt),
+		Seq: nextCounter(tx, keySeq),
+	}
+	state, class := envelope.StatePending, envelope.ClassNone
+	if !checked {
+		c, found, err := q.consentFor(context.Background(), tx, env.TenantID, env.UserID)
+		if err != nil {
+			return false, err
+		}
+		if ok, why := c.Allows(found, env); !ok {
+			state, class = envelope.StateSuppressed, why
+		}
+	}
+	if err := putEnv(tx, ek, rec); err != nil {
+		return false, err
+	}
+	due := now
+	if env.NotBefore.After(due) {
+		due = env.NotBefore
+	}
+	for seg := 0; seg < segs; seg++ {
+		r := &rowRec{State: state, Class: class, Updated: now.UnixNano()}
+		if seg == 0 && state == envelope.StatePending {
+			r.Due = due.UnixNano()
+		}
+		if err := putRow(tx, ek, seg, rec, env.TenantID, nil, r); err != nil {
+			return false, err
+		}
+	}
+	if err := tx.Bucket(bktUsers).Put(userKey(env.TenantID, env.UserID, env.ID), nil); err != nil {
+		return false, err
+	}
+	return true, tx.Bucket(bktOrder).Put(u64(rec.Seq), ek)
+}
+
+// quarantine records a complete line that is not a valid envelope in the
+// log's quarantine file: its offset and the reason (problem paths and rules
+// only, never the content).
+func (q *Queue) quarantine(rel string, off int64, reason error) {
+	q.m.quarantined.Inc()
+	q.log.Warn("log line quarantined", "operation", "ingest", "status", "quarantined")
+	rec := QuarantineRecord{Log: rel, Offset: off, Reason: reason.Error(), At: q.opts.Now().UTC()}
+	line, _ := json.Marshal(rec)
+	path := filepath.Join(q.dir, rel+applog.QuarantineExt)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		q.log.Error("write quarantine failed", "operation", "ingest", "status", "error")
+		return
+	}
+	defer f.Close()
+	_, _ = f.Write(append(line, '\n'))
+	_ = f.Sync()
+}
+
+// QuarantineRecord is one quarantined log line.
+type QuarantineRecord struct {
+	Log    string    `json:"log"`
+	Offset int64     `json:"offset"`
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
+}
+
+// Quarantined lists every quarantined record of the store.
+func (q *Queue) Quarantined() ([]QuarantineRecord, error) {
+	return ReadQuarantine(q.dir)
+}
+
+// ReadQuarantine lists the quarantined records under a data directory
+// (works without opening the store).
+func ReadQuarantine(dir string) ([]QuarantineRecord, error) {
+	files, err := filepath.Glob(filepath.Join(dir, applog.Dir, "*", "*"+applog.Ext+applog.QuarantineExt))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(files)
+	var out []QuarantineRecord
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		for _, ln := range applog.Lines(b, 0) {
+			var r QuarantineRecord
+			if json.Unmarshal(ln.Data, &r) == nil {
+				out = append(out, r)
+			}
+		}
+	}
+	return out, nil
+}
+
+func cloneEnvelope(e *envelope.Envelope) *envelope.Envelope {
+	c := *e
+	c.Payload = append([]byte(nil), e.Payload...)
+	if e.Recipient.PushSubscription != nil {
+		ps := *e.Recipient.PushSubscription
+		if ps.ExpirationTime != nil {
+			v := *ps.ExpirationTime
+			ps.ExpirationTime = &v
+		}
+		c.Recipient.PushSubscription = &ps
+	}
+	return &c
+}

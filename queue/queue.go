@@ -1,0 +1,350 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue/internal/applog"
+	bolt "go.etcd.io/bbolt"
+)
+
+// IndexFile is the name of the bbolt index inside the data directory.
+const IndexFile = "index.db"
+
+// Queue is the file-backed Store: per-(tenant, user) append logs indexed in
+// one bbolt file, in a data directory. It is safe for concurrent use. Only
+// one process may open a data directory at a time; other processes append
+// to the logs (see applog) and the Queue's tailer ingests their records.
+type Queue struct {
+	dir  string
+	opts Options
+	log  *slog.Logger
+	db   *bolt.DB
+	app  *applog.Appender
+	m    *storeMetrics
+
+	ops    chan *op
+	notify chan struct{}
+
+	mu       sync.Mutex
+	inflight map[string]struct{} // env keys being enqueued in process
+	closed   bool
+
+	closeOnce sync.Once
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	tail      *tailer
+	ready     chan struct{}
+}
+
+var _ Store = (*Queue)(nil)
+
+// op is one write run by the writer goroutine inside a shared bbolt
+// transaction. fn must check before it writes: an error return must leave
+// the transaction as fn found it (other ops commit with it).
+type op struct {
+	fn   func(tx *bolt.Tx) error
+	lazy bool // may skip fsync: the data is durable elsewhere (the logs)
+	err  error
+	done chan struct{}
+}
+
+// StoreInUseError is returned by Open when another process holds the store.
+type StoreInUseError struct {
+	Path string
+	PID  int // the holder's pid when known (0 otherwise)
+}
+
+func (e *StoreInUseError) Error() string {
+	s := "store " + e.Path + " is in use"
+	if e.PID > 0 {
+		s += " by pid " + strconv.Itoa(e.PID)
+	}
+	return s + " (another outbox serve, or a program embedding the queue, has it open)"
+}
+
+// Open opens (creating) the store in dir. It takes the store's lock, waits
+// at most Options.LockTimeout for it, repairs the index from the logs
+// (records appended after the last indexed offset, including by other
+// processes while it was closed) and starts the tailer. Rows that were
+// being sent by a previous process get their lease expired at once, so a
+// worker reconciles them.
+func Open(dir string, opts *Options) (*Queue, error) {
+	o := opts.withDefaults()
+	if err := os.MkdirAll(filepath.Join(dir, applog.Dir), 0o700); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	path := filepath.Join(dir, IndexFile)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:        o.LockTimeout,
+		NoFreelistSync: true,
+		FreelistType:   bolt.FreelistMapType,
+		NoSync:         o.NoSync,
+	})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, &StoreInUseError{Path: dir, PID: readPID(dir)}
+		}
+		return nil, fmt.Errorf("open store index %s: %w (run \"outbox doctor\" to check or rebuild it)", path, err)
+	}
+	q := &Queue{
+		dir:      dir,
+		opts:     o,
+		log:      o.Logger,
+		db:       db,
+		ops:      make(chan *op, 1024),
+		notify:   make(chan struct{}, 1),
+		inflight: map[string]struct{}{},
+		stop:     make(chan struct{}),
+		ready:    make(chan struct{}),
+	}
+	if !o.NoSync {
+		q.app = applog.NewAppender(dir, applog.Fdatasync)
+	} else {
+		q.app = applog.NewAppender(dir, nil)
+	}
+	q.m = newStoreMetrics(o.Registerer)
+	if err := q.init(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	writePID(dir)
+	q.wg.Add(1)
+	go q.writeLoop()
+	// Catch up on every log before reporting ready.
+	if err := q.catchUpAll(); err != nil {
+		q.Close()
+		return nil, err
+	}
+	q.tail = newTailer(q)
+	if err := q.tail.start(); err != nil {
+		q.Close()
+		return nil, err
+	}
+	close(q.ready)
+	return q, nil
+}
+
+// Dir returns the store's data directory.
+func (q *Queue) Dir() string { return q.dir }
+
+func (q *Queue) init() error {
+	return q.db.Update(func(tx *bolt.Tx) error {
+		for _, b := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		meta := tx.Bucket(bktMeta)
+		if v := meta.Get(keyVersion); v == nil {
+			if err := meta.Put(keyVersion, u64(layoutVersion)); err != nil {
+				return err
+			}
+		} else if n := beUint64(v); n != layoutVersion {
+			return fmt.Errorf("open store: index layout version %d, this outbox reads %d", n, layoutVersion)
+		}
+		// Leases of a previous process end now: its calls' outcomes are
+		// unknown and must be reconciled before anything is redelivered.
+		now := nano(q.opts.Now())
+		type fix struct {
+			rk []byte
+			r  *rowRec
+		}
+		var fixes []fix
+		c := tx.Bucket(bktLeases).Cursor()
+		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+			if int64(beUint64(k[:8])) <= now {
+				continue
+			}
+			rk := append([]byte(nil), k[8:]...)
+			r, err := getRow(tx, rk)
+			if err != nil || r == nil || r.ToPending {
+				continue
+			}
+			fixes = append(fixes, fix{rk, r})
+		}
+		for _, f := range fixes {
+			ek, seg := splitRowKey(f.rk)
+			e, err := getEnv(tx, ek)
+			if err != nil || e == nil {
+				continue
+			}
+			tenant, _ := splitEnvKey(ek)
+			old := *f.r
+			f.r.LeaseEnd = now
+			if err := putRow(tx, ek, seg, e, tenant, &old, f.r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Close stops the tailer and the writer and closes the index. It is
+// idempotent.
+func (q *Queue) Close() error {
+	var err error
+	q.closeOnce.Do(func() {
+		q.mu.Lock()
+		q.closed = true
+		q.mu.Unlock()
+		if q.tail != nil {
+			q.tail.close()
+		}
+		close(q.stop)
+		q.wg.Wait()
+		removePID(q.dir)
+		err = q.db.Close()
+	})
+	return err
+}
+
+func (q *Queue) isClosed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed
+}
+
+// writeLoop runs every write: ops queued while a transaction commits are
+// grouped into the next one, so concurrent writers share fsyncs.
+func (q *Queue) writeLoop() {
+	defer q.wg.Done()
+	for {
+		var first *op
+		select {
+		case first = <-q.ops:
+		case <-q.stop:
+			// Fail what is still queued.
+			for {
+				select {
+				case o := <-q.ops:
+					o.err = ErrClosed
+					close(o.done)
+				default:
+					return
+				}
+			}
+		}
+		batch := []*op{first}
+	more:
+		for len(batch) < 512 {
+			select {
+			case o := <-q.ops:
+				batch = append(batch, o)
+			default:
+				break more
+			}
+		}
+		lazy := true
+		for _, o := range batch {
+			lazy = lazy && o.lazy
+		}
+		q.db.NoSync = q.opts.NoSync || lazy
+		err := q.db.Update(func(tx *bolt.Tx) error {
+			for _, o := range batch {
+				o.err = o.fn(tx)
+			}
+			return nil
+		})
+		for _, o := range batch {
+			if err != nil {
+				o.err = fmt.Errorf("commit index: %w", err)
+			}
+			close(o.done)
+		}
+	}
+}
+
+// write runs fn in the writer's next transaction and waits for its commit.
+func (q *Queue) write(ctx context.Context, lazy bool, fn func(tx *bolt.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if q.isClosed() {
+		return ErrClosed
+	}
+	o := &op{fn: fn, lazy: lazy, done: make(chan struct{})}
+	select {
+	case q.ops <- o:
+	case <-q.stop:
+		return ErrClosed
+	}
+	<-o.done
+	return o.err
+}
+
+func (q *Queue) view(fn func(tx *bolt.Tx) error) error {
+	if q.isClosed() {
+		return ErrClosed
+	}
+	return q.db.View(fn)
+}
+
+func (q *Queue) wake() {
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Notify implements Store.
+func (q *Queue) Notify() <-chan struct{} { return q.notify }
+
+// Ready is closed once Open has caught up on every log.
+func (q *Queue) Ready() <-chan struct{} { return q.ready }
+
+func beUint64(b []byte) uint64 {
+	var v uint64
+	for _, c := range b[:8] {
+		v = v<<8 | uint64(c)
+	}
+	return v
+}
+
+func pidPath(dir string) string { return filepath.Join(dir, "outbox.pid") }
+
+func writePID(dir string) {
+	_ = os.WriteFile(pidPath(dir), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
+}
+
+func removePID(dir string) { _ = os.Remove(pidPath(dir)) }
+
+func readPID(dir string) int {
+	b, err := os.ReadFile(pidPath(dir))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(string(trimSpace(b)))
+	return n
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// readEnvelope loads an indexed envelope's record from its log.
+func (q *Queue) readEnvelope(e *envRec) (*envelope.Envelope, error) {
+	b, err := applog.ReadAt(filepath.Join(q.dir, e.Log), e.Off, e.Len)
+	if err != nil {
+		return nil, fmt.Errorf("read envelope record: %w", err)
+	}
+	var env envelope.Envelope
+	if err := json.Unmarshal(b, &env); err != nil {
+		return nil, fmt.Errorf("decode envelope record: %w", err)
+	}
+	if env.TenantID == "" {
+		env.TenantID = envelope.DefaultTenant
+	}
+	return &env, nil
+}

@@ -1,0 +1,180 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/outboxhq/outbox/queue/internal/applog"
+	bolt "go.etcd.io/bbolt"
+)
+
+// tailer ingests lines appended by other processes: fsnotify events are a
+// hint to look again at one log, and a slow rescan of every log is the
+// truth (events can be dropped, coalesced or missed for directories created
+// before their watch existed).
+type tailer struct {
+	q       *Queue
+	w       *fsnotify.Watcher
+	stop    chan struct{}
+	done    sync.WaitGroup
+	kick    chan struct{}
+	scanned chan struct{} // test signal: a catch-up pass finished
+
+	mu    sync.Mutex
+	dirty map[string]bool
+	all   bool
+}
+
+func newTailer(q *Queue) *tailer {
+	return &tailer{q: q, stop: make(chan struct{}), kick: make(chan struct{}, 1), dirty: map[string]bool{}, scanned: make(chan struct{}, 1)}
+}
+
+func (t *tailer) start() error {
+	if !t.q.opts.DisableWatcher {
+		w, err := fsnotify.NewWatcher()
+		if err != nil {
+			t.q.log.Warn("fsnotify unavailable; relying on the periodic rescan", "component", "tailer", "status", "degraded")
+		} else {
+			t.w = w
+			root := filepath.Join(t.q.dir, applog.Dir)
+			if err := w.Add(root); err != nil {
+				w.Close()
+				return err
+			}
+			entries, _ := os.ReadDir(root)
+			for _, e := range entries {
+				if e.IsDir() {
+					_ = w.Add(filepath.Join(root, e.Name()))
+				}
+			}
+			t.done.Add(1)
+			go t.watch()
+		}
+	}
+	t.done.Add(1)
+	go t.loop()
+	return nil
+}
+
+func (t *tailer) close() {
+	close(t.stop)
+	if t.w != nil {
+		t.w.Close()
+	}
+	t.done.Wait()
+}
+
+func (t *tailer) mark(rel string, all bool) {
+	t.mu.Lock()
+	if all {
+		t.all = true
+	} else {
+		t.dirty[rel] = true
+	}
+	t.mu.Unlock()
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
+}
+
+// watch turns fsnotify events into "look again" marks.
+func (t *tailer) watch() {
+	defer t.done.Done()
+	root := filepath.Join(t.q.dir, applog.Dir)
+	for {
+		select {
+		case ev, ok := <-t.w.Events:
+			if !ok {
+				return
+			}
+			rel, err := filepath.Rel(t.q.dir, ev.Name)
+			if err != nil {
+				continue
+			}
+			if filepath.Dir(ev.Name) == root {
+				// A new tenant directory: watch it and look at all of it
+				// (files may exist before the watch did).
+				if ev.Has(fsnotify.Create) {
+					if fi, err := os.Stat(ev.Name); err == nil && fi.IsDir() {
+						_ = t.w.Add(ev.Name)
+						t.mark("", true)
+					}
+				}
+				continue
+			}
+			if strings.HasSuffix(rel, applog.Ext) && (ev.Has(fsnotify.Write) || ev.Has(fsnotify.Create)) {
+				t.mark(rel, false)
+			}
+		case err, ok := <-t.w.Errors:
+			if !ok {
+				return
+			}
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				t.mark("", true)
+			}
+			t.q.log.Warn("fsnotify error; rescanning", "component", "tailer", "status", "degraded")
+		case <-t.stop:
+			return
+		}
+	}
+}
+
+// loop catches up marked logs, and every log on each rescan tick.
+func (t *tailer) loop() {
+	defer t.done.Done()
+	var tick <-chan time.Time
+	if t.q.opts.RescanInterval > 0 {
+		tk := time.NewTicker(t.q.opts.RescanInterval)
+		defer tk.Stop()
+		tick = tk.C
+	}
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-tick:
+			t.mark("", true)
+			continue
+		case <-t.kick:
+		}
+		t.mu.Lock()
+		all, dirty := t.all, t.dirty
+		t.all, t.dirty = false, map[string]bool{}
+		t.mu.Unlock()
+		var err error
+		if all {
+			err = t.q.catchUpAll()
+		} else {
+			err = t.q.write(context.Background(), true, func(tx *bolt.Tx) error {
+				for rel := range dirty {
+					if err := t.q.catchUp(tx, rel, nil, nil); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}
+		if err != nil && !errors.Is(err, ErrClosed) {
+			t.q.log.Error("ingest failed", "component", "tailer", "operation", "ingest", "status", "error")
+		}
+		t.q.wake()
+		select {
+		case t.scanned <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Rescan asks the tailer to look at every log now.
+func (q *Queue) Rescan() {
+	if q.tail != nil {
+		q.tail.mark("", true)
+	}
+}
