@@ -383,6 +383,9 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 		if err := tx.Bucket(bktConsent).Delete(consentKey(tenant, userID)); err != nil {
 			return err
 		}
+		if err := eraseSubscriptions(tx, tenant, userID); err != nil {
+			return err
+		}
 		rel := logRel(tenant, userID)
 		_ = tx.Bucket(bktLogs).Delete([]byte(rel))
 		logs = append(logs, rel)
