@@ -211,11 +211,14 @@ func leased(tx *bolt.Tx, l *Lease) (ek []byte, e *envRec, r *rowRec, err error) 
 	if r == nil {
 		return nil, nil, nil, ErrLeaseLost
 	}
-	if r.Fence != l.Fence || r.Owner != l.Owner {
+	if r.Fence != l.Fence {
 		return nil, nil, nil, ErrStaleFence
 	}
 	if r.State != envelope.StateSending {
 		return nil, nil, nil, ErrLeaseLost
+	}
+	if r.Owner != l.Owner {
+		return nil, nil, nil, ErrStaleFence
 	}
 	return ek, e, r, nil
 }

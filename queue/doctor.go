@@ -38,21 +38,48 @@ func Check(dir string) (*Report, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("check: %w", err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
+	db, err := openReadOnly(path)
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
-			return nil, ErrStoreBusy
+		if errors.Is(err, ErrStoreBusy) {
+			return nil, err
 		}
 		return &Report{Problems: []string{"index cannot be opened: " + err.Error()}}, nil
 	}
 	defer db.Close()
+	return checkDB(db, dir)
+}
+
+// Check runs Check on the open store.
+func (q *Queue) Check() (*Report, error) {
+	if q.isClosed() {
+		return nil, ErrClosed
+	}
+	return checkDB(q.db, q.dir)
+}
+
+// openReadOnly opens a bbolt file read-only, turning a panic on a corrupt
+// file into an error.
+func openReadOnly(path string) (db *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			db, err = nil, fmt.Errorf("index is corrupt: %v", r)
+		}
+	}()
+	db, err = bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, ErrStoreBusy
+	}
+	return db, err
+}
+
+func checkDB(db *bolt.DB, dir string) (*Report, error) {
 	rep := &Report{}
 	bad := func(format string, a ...any) {
 		if len(rep.Problems) < 100 {
 			rep.Problems = append(rep.Problems, fmt.Sprintf(format, a...))
 		}
 	}
-	err = db.View(func(tx *bolt.Tx) (err error) {
+	err := db.View(func(tx *bolt.Tx) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
 				bad("index is corrupt: %v", r)
@@ -171,9 +198,9 @@ func Rebuild(dir string, opts *Options) (int, error) {
 	path := filepath.Join(dir, IndexFile)
 	if _, err := os.Stat(path); err == nil {
 		// Refuse while a process holds the store.
-		db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
-		if errors.Is(err, bolt.ErrTimeout) {
-			return 0, ErrStoreBusy
+		db, err := openReadOnly(path)
+		if errors.Is(err, ErrStoreBusy) {
+			return 0, err
 		}
 		if db != nil {
 			db.Close()
@@ -227,4 +254,50 @@ func Rebuild(dir string, opts *Options) (int, error) {
 		return nil
 	})
 	return n, err
+}
+
+// CompactFile rewrites the index of the (closed) store in dir into a new,
+// compact bbolt file and swaps it in atomically. It returns the sizes before
+// and after.
+func CompactFile(dir string) (before, after int64, err error) {
+	path := filepath.Join(dir, IndexFile)
+	src, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return 0, 0, ErrStoreBusy
+		}
+		return 0, 0, err
+	}
+	defer src.Close()
+	tmp := path + ".compact.tmp"
+	_ = os.Remove(tmp)
+	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := bolt.Compact(dst, src, 64<<20); err != nil {
+		dst.Close()
+		os.Remove(tmp)
+		return 0, 0, fmt.Errorf("compact: %w", err)
+	}
+	if err := dst.Sync(); err != nil {
+		dst.Close()
+		os.Remove(tmp)
+		return 0, 0, err
+	}
+	dst.Close()
+	if fi, err := os.Stat(path); err == nil {
+		before = fi.Size()
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return 0, 0, err
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	if fi, err := os.Stat(path); err == nil {
+		after = fi.Size()
+	}
+	return before, after, nil
 }

@@ -38,6 +38,7 @@ type prepared struct {
 	line []byte
 	dup  bool
 	off  int64
+	segs int // rows of the stored envelope (ours or the one we duplicate)
 }
 
 // Enqueue implements Store. The records are appended to the users' logs
@@ -132,11 +133,24 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 			known[it.rel+"\x00"+strconv.FormatInt(it.off, 10)] = it
 		}
 	}
+	// An envelope is ours (not a duplicate) when the index entry of its
+	// (tenant, id) points at our record, whoever indexed it (the tailer
+	// may have seen our append first).
 	created := map[string]bool{}
 	err = q.write(context.WithoutCancel(ctx), true, func(tx *bolt.Tx) error {
 		for _, rel := range logs {
-			if err := q.catchUp(tx, rel, known, created); err != nil {
+			if err := q.catchUp(tx, rel, known); err != nil {
 				return err
+			}
+		}
+		for _, it := range items {
+			e, err := getEnv(tx, it.ek)
+			if err != nil || e == nil {
+				continue
+			}
+			it.segs = e.Segs
+			if !it.dup && e.Log == it.rel && e.Off == it.off {
+				created[string(it.ek)] = true
 			}
 		}
 		return nil
@@ -148,7 +162,7 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 	}
 	res := make([]EnqueueResult, len(items))
 	for i, it := range items {
-		res[i] = EnqueueResult{Tenant: it.env.TenantID, ID: it.env.ID, Duplicate: it.dup || !created[string(it.ek)], Segments: Segments(it.env)}
+		res[i] = EnqueueResult{Tenant: it.env.TenantID, ID: it.env.ID, Duplicate: it.dup || !created[string(it.ek)], Segments: it.segs}
 		if !res[i].Duplicate {
 			q.m.enqueued.WithLabelValues(string(it.env.Channel)).Inc()
 		} else {
@@ -240,6 +254,13 @@ func (q *Queue) reserve(items []*prepared) ([]string, error) {
 	}
 }
 
+func (q *Queue) isInflight(ek []byte) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	_, ok := q.inflight[string(ek)]
+	return ok
+}
+
 func (q *Queue) unreserve(keys []string) {
 	q.mu.Lock()
 	for _, k := range keys {
@@ -275,7 +296,7 @@ func (q *Queue) catchUpAll() error {
 	}
 	return q.write(context.Background(), true, func(tx *bolt.Tx) error {
 		for _, rel := range rels {
-			if err := q.catchUp(tx, rel, nil, nil); err != nil {
+			if err := q.catchUp(tx, rel, nil); err != nil {
 				return err
 			}
 		}
@@ -314,10 +335,9 @@ func (q *Queue) listLogs() ([]string, error) {
 
 // catchUp indexes the complete lines of log rel past its stored offset and
 // stores the new offset, all in tx. known maps "rel 0 offset" to records
-// this process already validated; created collects the env keys it creates.
-// It writes nothing when it fails before the first write... it cannot fail
-// after: parse problems are quarantined, not returned.
-func (q *Queue) catchUp(tx *bolt.Tx, rel string, known map[string]*prepared, created map[string]bool) error {
+// this process already validated. Lines that are not valid envelopes are
+// quarantined, not returned as errors.
+func (q *Queue) catchUp(tx *bolt.Tx, rel string, known map[string]*prepared) error {
 	logs := tx.Bucket(bktLogs)
 	path := filepath.Join(q.dir, rel)
 	ino, err := inode(path)
@@ -341,6 +361,7 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known map[string]*prepared, cre
 	}
 	now := q.opts.Now()
 	skip := tx.Bucket(bktSkip)
+	end := off + int64(len(data))
 	for _, ln := range applog.Lines(data, off) {
 		key := rel + "\x00" + strconv.FormatInt(ln.Off, 10)
 		if v := skip.Get(append([]byte(rel+"\x00"), u64(uint64(ln.Off))...)); v != nil {
@@ -362,20 +383,24 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known map[string]*prepared, cre
 				q.quarantine(rel, ln.Off, errors.New("record belongs to another tenant or user than its log"))
 				continue
 			}
+			if known == nil && q.isInflight(envKey(e.TenantID, e.ID)) {
+				// An in-process Enqueue of this record has not finished:
+				// leave it (and what follows) to that Enqueue, which may
+				// still withdraw it if its batch fails.
+				end = ln.Off
+				break
+			}
 			env = e
 		}
 		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, now, known[key] != nil)
 		if err != nil {
 			return err
 		}
-		if ok && created != nil {
-			created[string(envKey(env.TenantID, env.ID))] = true
-		}
 		if known[key] == nil && ok {
 			q.m.ingested.Inc()
 		}
 	}
-	return logs.Put([]byte(rel), append(u64(uint64(off+int64(len(data)))), u64(ino)...))
+	return logs.Put([]byte(rel), append(u64(uint64(end)), u64(ino)...))
 }
 
 // indexRecord creates the env entry and rows of one record unless its

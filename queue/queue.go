@@ -74,9 +74,9 @@ func (e *StoreInUseError) Error() string {
 // Open opens (creating) the store in dir. It takes the store's lock, waits
 // at most Options.LockTimeout for it, repairs the index from the logs
 // (records appended after the last indexed offset, including by other
-// processes while it was closed) and starts the tailer. Rows that were
-// being sent by a previous process get their lease expired at once, so a
-// worker reconciles them.
+// processes while it was closed) and starts the tailer. Rows that a
+// previous process was sending keep their lease: once it expires, a
+// worker's Recover hands them to reconciliation.
 func Open(dir string, opts *Options) (*Queue, error) {
 	o := opts.withDefaults()
 	if err := os.MkdirAll(filepath.Join(dir, applog.Dir), 0o700); err != nil {
@@ -150,39 +150,6 @@ func (q *Queue) init() error {
 			}
 		} else if n := beUint64(v); n != layoutVersion {
 			return fmt.Errorf("open store: index layout version %d, this outbox reads %d", n, layoutVersion)
-		}
-		// Leases of a previous process end now: its calls' outcomes are
-		// unknown and must be reconciled before anything is redelivered.
-		now := nano(q.opts.Now())
-		type fix struct {
-			rk []byte
-			r  *rowRec
-		}
-		var fixes []fix
-		c := tx.Bucket(bktLeases).Cursor()
-		for k, _ := c.First(); k != nil; k, _ = c.Next() {
-			if int64(beUint64(k[:8])) <= now {
-				continue
-			}
-			rk := append([]byte(nil), k[8:]...)
-			r, err := getRow(tx, rk)
-			if err != nil || r == nil || r.ToPending {
-				continue
-			}
-			fixes = append(fixes, fix{rk, r})
-		}
-		for _, f := range fixes {
-			ek, seg := splitRowKey(f.rk)
-			e, err := getEnv(tx, ek)
-			if err != nil || e == nil {
-				continue
-			}
-			tenant, _ := splitEnvKey(ek)
-			old := *f.r
-			f.r.LeaseEnd = now
-			if err := putRow(tx, ek, seg, e, tenant, &old, f.r); err != nil {
-				return err
-			}
 		}
 		return nil
 	})

@@ -277,7 +277,7 @@ func TestQueue_CorruptMiddleLineQuarantined(t *testing.T) {
 	}
 }
 
-func TestQueue_RestartExpiresOldLeases(t *testing.T) {
+func TestQueue_RestartRecoversOldLeases(t *testing.T) {
 	dir := t.TempDir()
 	clock := queuetest.NewClock(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
 	opts := &queue.Options{Now: clock.Now}
@@ -291,6 +291,10 @@ func TestQueue_RestartExpiresOldLeases(t *testing.T) {
 	}
 	q.Close()
 	q = mustOpen(t, dir, opts)
+	if rec, err := q.Recover(context.Background(), queue.ClaimRequest{Owner: "new", Lease: time.Minute, Limit: 10}); err != nil || len(rec) != 0 {
+		t.Fatalf("recover before the old lease expired = %+v, %v", rec, err)
+	}
+	clock.Advance(time.Hour + time.Second)
 	rec, err := q.Recover(context.Background(), queue.ClaimRequest{Owner: "new", Lease: time.Minute, Limit: 10})
 	if err != nil || len(rec) != 1 || rec[0].Fence <= l[0].Fence {
 		t.Fatalf("recover after restart = %+v, %v", rec, err)
