@@ -45,3 +45,11 @@ cover: ## test coverage summary (cover.out)
 .PHONY: lint
 lint: ## staticcheck (pinned with the go.mod tool directive)
 	$(GO) tool staticcheck $(PKGS)
+.PHONY: preview
+preview: ## render every golden fixture into ./preview/ (open preview/index.html)
+	$(GO) run ./cmd/outbox render --out preview --base-url https://app.example.org testdata/delivery/*.golden.json
+	$(GO) run ./cmd/outbox render --out preview --base-url https://app.example.org --channel email testdata/delivery/resurface-nudge.v1.golden.json
+
+.PHONY: e2e
+e2e: ## opt-in tests against the real services (OUTBOX_E2E_* variables; skipped otherwise)
+	$(GO) test -count=1 -run E2E -v ./channels/...

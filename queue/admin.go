@@ -281,6 +281,7 @@ func (q *Queue) Requeue(ctx context.Context, tenant, id string) error {
 		case envelope.StateDeadLetter, envelope.StateUnresolved, envelope.StateExpired, envelope.StateSuppressed:
 			r.State = envelope.StatePending
 			r.Class = ""
+			r.Base = r.Attempts // a fresh retry budget; history is kept
 			r.Owner, r.LeaseEnd, r.ToPending = "", 0, false
 			r.Due = now.UnixNano()
 			return true

@@ -70,6 +70,7 @@ type rowRec struct {
 	Updated   int64               `json:"u"`
 	Prev      envelope.State      `json:"p,omitempty"`
 	ToPending bool                `json:"tp,omitempty"`
+	Base      int                 `json:"b,omitempty"` // attempts before the last requeue: the retry budget counts from here
 	History   []Attempt           `json:"h,omitempty"`
 }
 

@@ -244,7 +244,7 @@ func (q *Queue) Commit(ctx context.Context, l *Lease, out Outcome) error {
 		if out.State == envelope.StateRetryable && out.NoAttempt && r.Attempts > 0 {
 			r.Attempts--
 		}
-		state, next := q.opts.Backoff.Decide(out, attempts, now)
+		state, next := q.opts.Backoff.Decide(out, attempts-r.Base, now)
 		r.State = state
 		r.Owner, r.LeaseEnd, r.ToPending, r.Prev = "", 0, false, ""
 		r.Due = nano(next)
@@ -354,6 +354,14 @@ func (q *Queue) Release(ctx context.Context, l *Lease) error {
 		}
 		now := q.opts.Now()
 		old := *r
+		if r.Prev == envelope.StateSending {
+			// A recovery lease: the earlier call's outcome is still
+			// unknown, so the row stays sending with an expired lease and
+			// is reconciled again, never redelivered blindly.
+			r.Owner, r.LeaseEnd = "", now.UnixNano()
+			r.Updated = now.UnixNano()
+			return putRow(tx, ek, l.Key.Segment, e, l.Key.Tenant, &old, r)
+		}
 		r.State = r.Prev
 		if r.State == "" {
 			r.State = envelope.StatePending
@@ -431,6 +439,7 @@ func (q *Queue) Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error)
 				continue
 			}
 			r.Owner = req.Owner
+			r.Prev = envelope.StateSending // marks a recovery lease (see Release)
 			r.Fence = nextCounter(tx, keyFence)
 			r.LeaseEnd = now.Add(req.Lease).UnixNano()
 			r.Updated = nowN

@@ -1,0 +1,312 @@
+// Package sink is the embedded default provider (SPEC §8): instead of
+// sending, it writes each rendered message into the data directory, so the
+// whole delivery loop runs with no credentials and a person can open what
+// would have been sent.
+//
+// Layout, under the data directory dir:
+//
+//	sink/email/<key hash>.eml      an RFC 5322 multipart/alternative message
+//	sink/push/<key hash>.json      {endpoint, ttl, urgency, topic, payload}
+//	sink/telegram/<key hash>.json  {chat_id, text, parse_mode, segment, segments}
+//
+// Files are named by the delivery key's hash, so a redelivery of the same
+// key overwrites its file instead of adding one (IdempotentRedelivery), and
+// Reconcile answers from the file's existence. Every file is written
+// atomically: a temporary file in the same directory, fsync, rename, fsync
+// of the directory.
+//
+// The data directory itself must exist (the store creates it); the sink
+// creates sink/<channel> below it. A missing data directory is treated as an
+// unavailable service (a retryable provider_unavailable error), never
+// silently re-created, because it usually means a volume is not mounted.
+package sink
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/outboxhq/outbox/channels"
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/render"
+)
+
+// Name is the provider name the sink reports in Capabilities.
+const Name = "sink"
+
+// DefaultFrom is the From address of the .eml files when Options.From is empty.
+const DefaultFrom = render.DefaultFrom
+
+// Permissions of what the sink creates: the files hold personal data.
+const (
+	dirPerm  fs.FileMode = 0o700
+	filePerm fs.FileMode = 0o600
+)
+
+// Options configures a sink. The zero value (or nil) means the defaults.
+type Options struct {
+	// From is the From header of the .eml files (default DefaultFrom).
+	From string
+	// Now returns the time written as the Date of the .eml files (default
+	// time.Now).
+	Now func() time.Time
+}
+
+// Provider writes the messages of one channel into the data directory.
+// It is safe for concurrent use.
+type Provider struct {
+	dataDir string
+	dir     string // dataDir/sink/<channel>
+	ch      envelope.Channel
+	ext     string
+	from    string
+	now     func() time.Time
+}
+
+// New returns the sink for channel ch writing under the data directory
+// dataDir. It returns an error when dataDir is empty or ch is not a known
+// channel; it touches nothing on disk.
+func New(dataDir string, ch envelope.Channel, opts *Options) (*Provider, error) {
+	if dataDir == "" {
+		return nil, errors.New("sink: data directory is empty")
+	}
+	if !ch.Valid() {
+		return nil, fmt.Errorf("sink: unknown channel %q", ch)
+	}
+	p := &Provider{
+		dataDir: dataDir,
+		dir:     filepath.Join(dataDir, "sink", string(ch)),
+		ch:      ch,
+		ext:     ".json",
+		from:    DefaultFrom,
+		now:     time.Now,
+	}
+	if ch == envelope.ChannelEmail {
+		p.ext = ".eml"
+	}
+	if opts != nil {
+		if opts.From != "" {
+			p.from = opts.From
+		}
+		if opts.Now != nil {
+			p.now = opts.Now
+		}
+	}
+	return p, nil
+}
+
+// Path returns the file the message of key is (or would be) written to.
+func (p *Provider) Path(key envelope.Key) string {
+	return filepath.Join(p.dir, p.name(key))
+}
+
+// name returns the base name of key's file; it is also the receipt id.
+func (p *Provider) name(key envelope.Key) string { return key.Hash() + p.ext }
+
+// Capabilities reports the name "sink", the channel, and idempotent
+// redelivery (a redelivery overwrites the same file).
+func (p *Provider) Capabilities() channels.Capabilities {
+	return channels.Capabilities{Name: Name, Channel: p.ch, IdempotentRedelivery: true}
+}
+
+// Deliver writes msg to Path(key) and returns the file's base name as the
+// receipt. A message for another channel is a permanent invalid_request
+// error; a file system failure is a retryable provider_unavailable error
+// whose text holds neither the path nor anything of the message.
+func (p *Provider) Deliver(ctx context.Context, key envelope.Key, msg *envelope.Message) (channels.Receipt, error) {
+	if err := ctx.Err(); err != nil {
+		return channels.Receipt{}, ctxError(err)
+	}
+	data, err := p.encode(key, msg)
+	if err != nil {
+		return channels.Receipt{}, envelope.Permanent(envelope.ClassInvalidRequest, err)
+	}
+	if err := p.ensureDir(); err != nil {
+		return channels.Receipt{}, envelope.Retryable(envelope.ClassProviderUnavailable, err)
+	}
+	if err := writeAtomic(p.dir, p.name(key), data); err != nil {
+		return channels.Receipt{}, envelope.Retryable(envelope.ClassProviderUnavailable, err)
+	}
+	return channels.Receipt{ID: p.name(key)}, nil
+}
+
+// Reconcile answers Accepted (receipt = the file's base name) when key's
+// file exists, Rejected when it does not; a file system failure is Unknown
+// with a retryable provider_unavailable error.
+func (p *Provider) Reconcile(ctx context.Context, key envelope.Key, _ *envelope.Message) (channels.Reconciliation, error) {
+	if err := ctx.Err(); err != nil {
+		return channels.Reconciliation{}, ctxError(err)
+	}
+	fi, err := os.Stat(p.Path(key))
+	switch {
+	case err == nil && fi.Mode().IsRegular():
+		return channels.Reconciliation{Outcome: channels.Accepted, Receipt: channels.Receipt{ID: p.name(key)}}, nil
+	case err == nil:
+		return channels.Reconciliation{}, envelope.Retryable(envelope.ClassProviderUnavailable, errors.New("sink: not a regular file"))
+	case errors.Is(err, fs.ErrNotExist):
+		// Only a present data directory makes the absence meaningful.
+		if _, derr := os.Stat(p.dataDir); derr != nil {
+			return channels.Reconciliation{}, envelope.Retryable(envelope.ClassProviderUnavailable, derr)
+		}
+		return channels.Reconciliation{Outcome: channels.Rejected}, nil
+	}
+	return channels.Reconciliation{}, envelope.Retryable(envelope.ClassProviderUnavailable, err)
+}
+
+// ctxError classifies a context's error.
+func ctxError(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return envelope.Retryable(envelope.ClassTimeout, err)
+	}
+	return envelope.Retryable(envelope.ClassInterrupted, err)
+}
+
+// ensureDir checks that the data directory exists and creates sink/<channel>
+// below it.
+func (p *Provider) ensureDir() error {
+	fi, err := os.Stat(p.dataDir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return errors.New("sink: data directory is not a directory")
+	}
+	return os.MkdirAll(p.dir, dirPerm)
+}
+
+// pushFile is the JSON written for a push message.
+type pushFile struct {
+	Endpoint string          `json:"endpoint"`
+	TTL      int64           `json:"ttl"` // seconds
+	Urgency  string          `json:"urgency,omitempty"`
+	Topic    string          `json:"topic,omitempty"`
+	Payload  json.RawMessage `json:"payload"`
+}
+
+// chatFile is the JSON written for a chat message.
+type chatFile struct {
+	ChatID    string `json:"chat_id"`
+	Text      string `json:"text"`
+	ParseMode string `json:"parse_mode,omitempty"`
+	Segment   int    `json:"segment"`
+	Segments  int    `json:"segments"`
+}
+
+// encode returns the file contents for msg. Its errors name only the
+// problem, never the message's contents.
+func (p *Provider) encode(key envelope.Key, msg *envelope.Message) ([]byte, error) {
+	if msg == nil {
+		return nil, errors.New("sink: nil message")
+	}
+	if msg.Channel != p.ch {
+		return nil, fmt.Errorf("sink: %s message given to the %s sink", msg.Channel, p.ch)
+	}
+	switch p.ch {
+	case envelope.ChannelEmail:
+		if msg.Email == nil {
+			return nil, errors.New("sink: email message without Email")
+		}
+		return render.EML(msg.Email, p.from, p.now(), messageID(key)), nil
+	case envelope.ChannelPush:
+		m := msg.Push
+		if m == nil {
+			return nil, errors.New("sink: push message without Push")
+		}
+		payload := json.RawMessage(m.Payload)
+		if !json.Valid(m.Payload) {
+			// Keep a non-JSON payload readable as a JSON string.
+			b, err := json.Marshal(string(m.Payload))
+			if err != nil {
+				return nil, err
+			}
+			payload = b
+		}
+		return marshal(pushFile{
+			Endpoint: m.Subscription.Endpoint,
+			TTL:      int64(m.TTL / time.Second),
+			Urgency:  m.Urgency,
+			Topic:    m.Topic,
+			Payload:  payload,
+		})
+	case envelope.ChannelTelegram:
+		m := msg.Chat
+		if m == nil {
+			return nil, errors.New("sink: telegram message without Chat")
+		}
+		return marshal(chatFile{ChatID: m.ChatID, Text: m.Text, ParseMode: m.ParseMode, Segment: m.Segment, Segments: m.Segments})
+	}
+	return nil, fmt.Errorf("sink: unknown channel %q", p.ch)
+}
+
+// messageID is the Message-ID of key's e-mail: stable, so that a
+// redelivery writes the same message, and opaque.
+func messageID(key envelope.Key) string {
+	return "<" + key.Hash() + "@outbox.localhost>"
+}
+
+// marshal encodes v as indented JSON without HTML escaping, for a person
+// to read.
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// writeAtomic writes data to dir/name the crash-safe way: a temporary file
+// in dir, fsync, rename over name, fsync dir. A reader sees the old file or
+// the new one, never a torn one.
+func writeAtomic(dir, name string, data []byte) (err error) {
+	f, err := os.CreateTemp(dir, "."+name+".*.tmp")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp)
+		}
+	}()
+	if _, err = f.Write(data); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err = f.Chmod(filePerm); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+// syncDir fsyncs a directory so that a rename in it is durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	if err := d.Sync(); err != nil {
+		_ = d.Close()
+		return err
+	}
+	return d.Close()
+}

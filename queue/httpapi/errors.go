@@ -1,0 +1,125 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+)
+
+// Stable error codes of the JSON error body.
+const (
+	CodeBadJSON           = "bad_json"               // the body is not the JSON the route expects
+	CodeBadRequest        = "bad_request"            // a parameter or field is missing or invalid
+	CodeInvalidEnvelope   = "invalid_envelope"       // an envelope breaks the contract (problems list them)
+	CodeConsentDenied     = "consent_denied"         // current consent refuses an envelope (problems say why)
+	CodeUnauthorized      = "unauthorized"           // missing or wrong credentials
+	CodeNotFound          = "not_found"              // no such envelope, subscription or resource
+	CodeInvalidTransition = "invalid_transition"     // the operator action does not apply to the current state
+	CodeStaleFence        = "stale_fence"            // the fence given no longer holds the envelope
+	CodeLeaseLost         = "lease_lost"             // this process holds no lease on the envelope: fetch /pending again
+	CodeBodyTooLarge      = "body_too_large"         // the body exceeds Config.MaxBody
+	CodeUnsupportedMedia  = "unsupported_media_type" // the body must be application/json
+	CodeUnavailable       = "unavailable"            // the store is closed or the request was cancelled
+	CodeInternal          = "internal_error"         // anything unexpected (details are never returned)
+)
+
+// Problem is one entry of an error's problems list: which envelope of the
+// request (Index), where in it (Path, the JSON path; "" for the whole
+// envelope) and the rule it breaks, or the consent class that refused it.
+type Problem struct {
+	Index int    `json:"index"`
+	Path  string `json:"path,omitempty"`
+	Rule  string `json:"rule"`
+}
+
+// apiError is an error with its HTTP status, stable code and a fixed
+// message that never holds request content.
+type apiError struct {
+	Status   int
+	Code     string
+	Message  string
+	Problems []Problem
+}
+
+func (e *apiError) Error() string { return e.Code + ": " + e.Message }
+
+func newError(status int, code, msg string) *apiError {
+	return &apiError{Status: status, Code: code, Message: msg}
+}
+
+func badRequest(msg string) *apiError { return newError(http.StatusBadRequest, CodeBadRequest, msg) }
+
+// Errors raised by the handlers themselves.
+var (
+	errUnauthorized = newError(http.StatusUnauthorized, CodeUnauthorized, "missing or invalid credentials")
+	errBadJSON      = newError(http.StatusBadRequest, CodeBadJSON, "request body is not valid JSON of the expected shape")
+	errBadCursor    = badRequest("invalid cursor")
+	errNoLease      = newError(http.StatusConflict, CodeLeaseLost, "no lease is held for this envelope (it expired or the service restarted): fetch /internal/outbox/pending again")
+	errWantJSON     = newError(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "request body must be application/json")
+)
+
+// errorFor maps any error to its API error. It is the only place where
+// domain errors become HTTP statuses and codes; the second result is true
+// when the error was unexpected (and must be logged).
+func errorFor(err error) (*apiError, bool) {
+	var ae *apiError
+	var mbe *http.MaxBytesError
+	var ee *queue.EnqueueError
+	var ve *envelope.ValidationError
+	switch {
+	case errors.As(err, &ae):
+		return ae, false
+	case errors.As(err, &mbe):
+		return newError(http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+			fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)), false
+	case errors.As(err, &ee) && errors.Is(err, queue.ErrConsentDenied):
+		e := newError(http.StatusConflict, CodeConsentDenied, "current consent refuses an envelope; nothing was stored")
+		rule := string(ee.Reason)
+		if rule == "" {
+			rule = string(envelope.ClassConsentWithdrawn)
+		}
+		e.Problems = []Problem{{Index: ee.Index, Rule: rule}}
+		return e, false
+	case errors.As(err, &ve):
+		index := 0
+		if ee != nil {
+			index = ee.Index
+		}
+		return invalidEnvelope(index, ve), false
+	case errors.Is(err, queue.ErrNotFound):
+		return newError(http.StatusNotFound, CodeNotFound, "not found"), false
+	case errors.Is(err, queue.ErrInvalidTransition):
+		return newError(http.StatusConflict, CodeInvalidTransition, "the action does not apply to the envelope's current state"), false
+	case errors.Is(err, queue.ErrStaleFence):
+		return newError(http.StatusConflict, CodeStaleFence, "the fence no longer holds the envelope"), false
+	case errors.Is(err, queue.ErrLeaseLost):
+		return errNoLease, false
+	case errors.Is(err, queue.ErrCrossTenant):
+		return badRequest("the envelope belongs to another tenant"), false
+	case errors.Is(err, queue.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return newError(http.StatusServiceUnavailable, CodeUnavailable, "service unavailable"), false
+	}
+	return newError(http.StatusInternalServerError, CodeInternal, "internal error"), true
+}
+
+// invalidEnvelope builds the 400 for a validation error of envelope index.
+func invalidEnvelope(index int, ve *envelope.ValidationError) *apiError {
+	e := newError(http.StatusBadRequest, CodeInvalidEnvelope, "invalid envelope; nothing was stored")
+	for _, p := range ve.Problems {
+		e.Problems = append(e.Problems, Problem{Index: index, Path: p.Path, Rule: p.Rule})
+	}
+	return e
+}
+
+// errorBody is the JSON shape of every error response.
+type errorBody struct {
+	Error struct {
+		Code     string    `json:"code"`
+		Message  string    `json:"message"`
+		Problems []Problem `json:"problems,omitempty"`
+	} `json:"error"`
+}

@@ -1,0 +1,397 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+)
+
+// Defaults of Config.
+const (
+	DefaultMaxBody   = 1 << 20
+	DefaultSeamLease = 5 * time.Minute
+	// MinTokenBytes is the shortest Config.Token New accepts.
+	MinTokenBytes = 16
+	// MaxBatch is the most envelopes one POST /v1/envelopes may carry.
+	MaxBatch = 1000
+	// maxSeamLeases bounds the leases remembered for the seam.
+	maxSeamLeases = 10_000
+)
+
+// Store is what the handlers need of a store: the queue.Store methods they
+// call and the push-subscription methods. *queue.Queue satisfies it.
+type Store interface {
+	Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queue.EnqueueResult, error)
+	Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error)
+	Commit(ctx context.Context, lease *queue.Lease, out queue.Outcome) error
+	Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStatus, error)
+	List(ctx context.Context, f queue.ListFilter) (*queue.Page, error)
+	Counts(ctx context.Context, tenant string) (queue.Counts, error)
+	Requeue(ctx context.Context, tenant, id string) error
+	Resolve(ctx context.Context, tenant, id string, as envelope.State) error
+	Consent(ctx context.Context, tenant, userID string) (queue.Consent, error)
+	SetConsent(ctx context.Context, tenant, userID string, c queue.ConsentFlags) error
+	Suppress(ctx context.Context, tenant, userID string, s queue.Suppression) error
+	SaveSubscription(ctx context.Context, tenant, user string, sub envelope.PushSubscription) error
+	DeleteSubscription(ctx context.Context, tenant, user, endpoint string) error
+}
+
+var _ Store = (*queue.Queue)(nil)
+
+// Config configures the handler returned by New.
+type Config struct {
+	// Store is the queue the handlers work on (required).
+	Store Store
+	// Token is INTERNAL_OUTBOX_TOKEN, the bearer token of /v1 and
+	// /internal (at least MinTokenBytes long). When it is "", those routes
+	// are not served (404); `outbox serve` then refuses to listen on
+	// anything but loopback.
+	Token string
+	// MaxBody bounds request bodies (default DefaultMaxBody, 1 MiB); a
+	// larger body is answered 413 body_too_large.
+	MaxBody int64
+	// Logger receives the handler's logs (default slog.Default() with
+	// component=httpapi). Logs carry the route pattern, the status, a
+	// request id and error types, never ids, addresses or bodies.
+	Logger *slog.Logger
+	// Unsub signs and verifies one-click unsubscribe links; nil leaves
+	// /unsubscribe/ unserved.
+	Unsub *Unsubscriber
+	// VAPIDPublicKey is served by GET /api/app/push/vapid-key ("" → 404).
+	VAPIDPublicKey string
+	// User resolves the signed-in user of a request for the
+	// push-subscription routes (the embedding app's own authentication);
+	// an error is answered 401. When nil, those routes take ?user=&tenant=
+	// and require the bearer token (and are not served without one).
+	User func(r *http.Request) (tenant, user string, err error)
+	// SeamLease is the lease of GET /internal/outbox/pending (default
+	// DefaultSeamLease, 5 minutes).
+	SeamLease time.Duration
+	// Ready reports readiness for /readyz (nil: always ready).
+	Ready func() bool
+	// Now returns the current time (default time.Now).
+	Now func() time.Time
+}
+
+// api is the handler's state.
+type api struct {
+	cfg      Config
+	log      *slog.Logger
+	mux      *http.ServeMux
+	tokenKey []byte // random key of the token HMAC
+	tokenMAC []byte // HMAC of the configured token under tokenKey
+	leases   *leaseCache
+}
+
+// New returns the HTTP handler of the API described in the package
+// documentation. It fails when the Config is unusable.
+func New(cfg Config) (http.Handler, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("httpapi: Config.Store is required")
+	}
+	if cfg.Token != "" && len(cfg.Token) < MinTokenBytes {
+		return nil, fmt.Errorf("httpapi: Config.Token must be at least %d bytes", MinTokenBytes)
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.SeamLease <= 0 {
+		cfg.SeamLease = DefaultSeamLease
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default().With("component", "httpapi")
+	}
+	a := &api{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), leases: newLeaseCache(maxSeamLeases)}
+	if cfg.Token != "" {
+		a.tokenKey = make([]byte, 32)
+		if _, err := rand.Read(a.tokenKey); err != nil {
+			return nil, fmt.Errorf("httpapi: token key: %w", err)
+		}
+		a.tokenMAC = a.macToken(cfg.Token)
+	}
+	a.routes()
+	return a.mux, nil
+}
+
+// access says who may call a route.
+type access int
+
+const (
+	public    access = iota // anyone
+	tokenOnly               // the bearer token
+)
+
+// handlerFunc is a route handler; a returned error is written by handle.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+func (a *api) routes() {
+	a.handle("GET /healthz", public, a.healthz)
+	a.handle("GET /readyz", public, a.readyz)
+	if a.cfg.Token != "" {
+		a.handle("POST /v1/envelopes", tokenOnly, a.postEnvelopes)
+		a.handle("GET /v1/envelopes", tokenOnly, a.listEnvelopes)
+		a.handle("GET /v1/envelopes/{id}", tokenOnly, a.getEnvelope)
+		a.handle("POST /v1/envelopes/{id}/requeue", tokenOnly, a.requeue)
+		a.handle("POST /v1/envelopes/{id}/resolve", tokenOnly, a.resolve)
+		a.handle("GET /v1/consent/{user_id}", tokenOnly, a.getConsent)
+		a.handle("PUT /v1/consent/{user_id}", tokenOnly, a.putConsent)
+		a.handle("GET /v1/stats", tokenOnly, a.stats)
+		a.handle("GET /internal/outbox/pending", tokenOnly, a.pending)
+		a.handle("POST /internal/outbox/{id}/status", tokenOnly, a.status)
+	}
+	if a.cfg.Unsub != nil {
+		a.handle("GET /unsubscribe/{token}", public, a.unsubscribePage)
+		a.handle("POST /unsubscribe/{token}", public, a.unsubscribe)
+	}
+	if a.cfg.User != nil || a.cfg.Token != "" {
+		acc := public // Config.User authenticates
+		if a.cfg.User == nil {
+			acc = tokenOnly
+		}
+		a.handle("POST /api/app/push/subscribe", acc, a.pushSubscribe)
+		a.handle("DELETE /api/app/push/subscribe", acc, a.pushUnsubscribe)
+	}
+	if a.cfg.VAPIDPublicKey != "" {
+		a.handle("GET /api/app/push/vapid-key", public, a.vapidKey)
+	}
+}
+
+// handle registers h on pattern behind the access check, with panic
+// recovery, a request id, error writing and a debug access log. The log
+// names the route by its pattern, never by the request's path (which holds
+// ids and tokens).
+func (a *api) handle(pattern string, acc access, h handlerFunc) {
+	a.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rid := requestID()
+		sw := &statusWriter{ResponseWriter: w}
+		sw.Header().Set("X-Request-Id", rid)
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler { //nolint:errorlint // sentinel compared as net/http does
+					panic(p)
+				}
+				a.log.Error("handler panicked", "operation", pattern, "request_id", rid, "panic_type", fmt.Sprintf("%T", p))
+				if !sw.wrote {
+					writeError(sw, newError(http.StatusInternalServerError, CodeInternal, "internal error"))
+				}
+			}
+			a.log.Debug("request", "operation", pattern, "request_id", rid, "status", sw.code(),
+				"duration_ms", time.Since(start).Milliseconds())
+		}()
+		if acc == tokenOnly && !a.authorized(r) {
+			sw.Header().Set("WWW-Authenticate", `Bearer realm="outbox"`)
+			writeError(sw, errUnauthorized)
+			return
+		}
+		if err := h(sw, r); err != nil {
+			a.fail(sw, pattern, rid, err)
+		}
+	}))
+}
+
+// fail writes err as a JSON error, logging unexpected ones by type only.
+func (a *api) fail(w http.ResponseWriter, op, rid string, err error) {
+	ae, unexpected := errorFor(err)
+	if unexpected {
+		a.log.Error("request failed", "operation", op, "request_id", rid, "status", ae.Status,
+			"error_type", fmt.Sprintf("%T", err))
+	}
+	writeError(w, ae)
+}
+
+// macToken returns the HMAC of a token under the handler's random key.
+func (a *api) macToken(tok string) []byte {
+	m := hmac.New(sha256.New, a.tokenKey)
+	m.Write([]byte(tok))
+	return m.Sum(nil)
+}
+
+// authorized reports whether r carries the bearer token. The comparison
+// is of two HMAC-SHA256 values of equal length under a random key, in
+// constant time (crypto/subtle), so neither the token's bytes nor its
+// length leak through timing.
+func (a *api) authorized(r *http.Request) bool {
+	if a.tokenMAC == nil {
+		return false
+	}
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	got := a.macToken(strings.TrimSpace(tok))
+	return subtle.ConstantTimeCompare(got, a.tokenMAC) == 1
+}
+
+func (a *api) healthz(w http.ResponseWriter, r *http.Request) error {
+	writeText(w, http.StatusOK, "ok\n")
+	return nil
+}
+
+func (a *api) readyz(w http.ResponseWriter, r *http.Request) error {
+	if a.cfg.Ready != nil && !a.cfg.Ready() {
+		writeText(w, http.StatusServiceUnavailable, "not ready\n")
+		return nil
+	}
+	writeText(w, http.StatusOK, "ready\n")
+	return nil
+}
+
+// statusWriter records whether and with what status a response started.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.status, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.status, w.wrote = http.StatusOK, true
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *statusWriter) code() int {
+	if !w.wrote {
+		return http.StatusOK
+	}
+	return w.status
+}
+
+// requestID returns a random id for log correlation.
+func requestID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// writeJSON writes v as the JSON response with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"code":"internal_error","message":"internal error"}}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// writeError writes e as the JSON error body.
+func writeError(w http.ResponseWriter, e *apiError) {
+	var body errorBody
+	body.Error.Code, body.Error.Message, body.Error.Problems = e.Code, e.Message, e.Problems
+	writeJSON(w, e.Status, body)
+}
+
+// writeText writes a plain-text response.
+func writeText(w http.ResponseWriter, status int, s string) {
+	h := w.Header()
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, s)
+}
+
+// readBody reads the whole request body, at most Config.MaxBody bytes
+// (an *http.MaxBytesError beyond).
+func (a *api) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	return io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxBody))
+}
+
+// decodeJSON decodes a body holding exactly one JSON value into v,
+// rejecting unknown fields when strict.
+func (a *api) decodeJSON(w http.ResponseWriter, r *http.Request, v any, strict bool) error {
+	data, err := a.readBody(w, r)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if strict {
+		dec.DisallowUnknownFields()
+	}
+	if err := dec.Decode(v); err != nil {
+		return errBadJSON
+	}
+	if _, err := dec.Token(); err != io.EOF { //nolint:errorlint // io.EOF is returned unwrapped
+		return errBadJSON
+	}
+	return nil
+}
+
+// requireJSON fails unless the request declares a JSON body.
+func requireJSON(r *http.Request) error {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+		return errWantJSON
+	}
+	return nil
+}
+
+// checkID validates an id taken from a request (envelope id, user id,
+// tenant): non-empty unless optional, at most envelope.MaxIDBytes, valid
+// UTF-8 without control characters (store keys use NUL as a separator).
+func checkID(what, s string, optional bool) error {
+	switch {
+	case s == "" && optional:
+		return nil
+	case s == "":
+		return badRequest(what + " is required")
+	case len(s) > envelope.MaxIDBytes:
+		return badRequest(what + " is too long")
+	case !utf8.ValidString(s):
+		return badRequest(what + " must be valid UTF-8")
+	case strings.IndexFunc(s, unicode.IsControl) >= 0:
+		return badRequest(what + " must not contain control characters")
+	}
+	return nil
+}
+
+// tenantParam returns the validated ?tenant= ("" when absent).
+func tenantParam(r *http.Request) (string, error) {
+	t := r.URL.Query().Get("tenant")
+	return t, checkID("tenant", t, true)
+}
+
+// tenantOr returns t, or the default tenant when t is "".
+func tenantOr(t string) string {
+	if t == "" {
+		return envelope.DefaultTenant
+	}
+	return t
+}

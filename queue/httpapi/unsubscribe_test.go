@@ -1,0 +1,326 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+)
+
+func testKey(b byte) []byte { return bytes.Repeat([]byte{b}, KeySize) }
+
+func TestUnsubscriber_RoundTrip(t *testing.T) {
+	u := NewUnsubscriber(testKey(1), "https://mail.example.org/x/")
+	tests := []struct {
+		name string
+		e    *envelope.Envelope
+	}{
+		{"Email", digest("d/1", "u_1")},
+		{"Push", nudge("n/1", "u_2")},
+		{"Telegram", reply("r/1", "u_3", "hi")},
+		{"Tenant", func() *envelope.Envelope { e := digest("d/2", "u_4"); e.TenantID = "acme"; return e }()},
+		{"Unicode", digest("d/3", "ユーザー")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			link := u.URL(tt.e)
+			prefix := "https://mail.example.org/x/unsubscribe/"
+			if !strings.HasPrefix(link, prefix) {
+				t.Fatalf("URL %q lacks prefix %q", link, prefix)
+			}
+			tok := strings.TrimPrefix(link, prefix)
+			if strings.ContainsAny(tok, "=+/") {
+				t.Fatalf("token %q is not base64url without padding", tok)
+			}
+			if _, err := url.Parse(link); err != nil {
+				t.Fatal(err)
+			}
+			tenant, user, ch, err := u.Verify(tok)
+			if err != nil || tenant != tt.e.Tenant() || user != tt.e.UserID || ch != tt.e.Channel {
+				t.Fatalf("Verify = %q %q %q %v", tenant, user, ch, err)
+			}
+			if strings.Contains(link, tt.e.Recipient.Email) && tt.e.Recipient.Email != "" {
+				t.Fatal("the link carries the email address")
+			}
+		})
+	}
+}
+
+func TestUnsubscriber_Rejects(t *testing.T) {
+	u := NewUnsubscriber(testKey(1), "https://mail.example.org")
+	e := digest("d/1", "u_1")
+	tok := u.Token(e.Tenant(), e.UserID, e.Channel, e.ConsentSnapshot.UnsubscribeRef)
+	raw, _ := base64.RawURLEncoding.DecodeString(tok)
+	flip := func(i int) string {
+		b := bytes.Clone(raw)
+		b[i] ^= 1
+		return base64.RawURLEncoding.EncodeToString(b)
+	}
+	// A token signed by another key, and one for a bad channel.
+	other := NewUnsubscriber(testKey(2), "https://mail.example.org").Token("default", "u_1", envelope.ChannelEmail, "r")
+	badChannel := u.Token("default", "u_1", envelope.Channel("fax"), "r")
+	noUser := u.Token("default", "", envelope.ChannelEmail, "r")
+	tests := map[string]string{
+		"Empty":          "",
+		"NotBase64":      "!!!!",
+		"Padded":         tok + "=",
+		"Truncated":      tok[:len(tok)-1],
+		"Short":          base64.RawURLEncoding.EncodeToString(raw[:20]),
+		"FlipPayload":    flip(3),
+		"FlipMAC":        flip(len(raw) - 1),
+		"Appended":       base64.RawURLEncoding.EncodeToString(append(bytes.Clone(raw), 0)),
+		"OtherKey":       other,
+		"BadChannel":     badChannel,
+		"NoUser":         noUser,
+		"StdBase64":      base64.RawStdEncoding.EncodeToString(raw) + "+/",
+		"Huge":           strings.Repeat("A", maxTokenLen+1),
+		"TrailingBitsOn": trailingBits(tok),
+	}
+	for name, bad := range tests {
+		t.Run(name, func(t *testing.T) {
+			if bad == tok {
+				t.Skip("mutation produced the valid token")
+			}
+			if _, _, _, err := u.Verify(bad); err != ErrInvalidToken {
+				t.Fatalf("Verify(%s) err = %v, want ErrInvalidToken", name, err)
+			}
+		})
+	}
+	// Different refs give different tokens (a token is bound to its ref).
+	if u.Token("default", "u_1", envelope.ChannelEmail, "a") == u.Token("default", "u_1", envelope.ChannelEmail, "b") {
+		t.Fatal("tokens do not bind the unsubscribe_ref")
+	}
+}
+
+// trailingBits changes the unused low bits of the token's last character,
+// which a lenient base64 decoder would ignore.
+func trailingBits(tok string) string {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	if len(tok)%4 == 0 {
+		return tok + "A" // not a valid length either way
+	}
+	last := strings.IndexByte(alphabet, tok[len(tok)-1])
+	return tok[:len(tok)-1] + string(alphabet[last^1])
+}
+
+func TestNewUnsubscriber_ShortKeyPanics(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("no panic on a 4-byte key")
+		}
+	}()
+	NewUnsubscriber([]byte("abcd"), "https://x.example")
+}
+
+func TestLoadOrCreateKey(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	k1, err := LoadOrCreateKey(dir)
+	if err != nil || len(k1) != KeySize {
+		t.Fatalf("create: %d bytes, %v", len(k1), err)
+	}
+	fi, err := os.Stat(filepath.Join(dir, KeyFile))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file: %v %v", fi, err)
+	}
+	k2, err := LoadOrCreateKey(dir)
+	if err != nil || !bytes.Equal(k1, k2) {
+		t.Fatalf("reload differs: %v", err)
+	}
+	if bytes.Equal(k1, make([]byte, KeySize)) {
+		t.Fatal("key is all zeros")
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("stray files: %v", entries)
+	}
+	// Concurrent creators agree on one key.
+	dir2 := t.TempDir()
+	keys := make([][]byte, 8)
+	var wg sync.WaitGroup
+	for i := range keys {
+		wg.Go(func() {
+			k, err := LoadOrCreateKey(dir2)
+			if err != nil {
+				t.Errorf("concurrent create: %v", err)
+			}
+			keys[i] = k
+		})
+	}
+	wg.Wait()
+	for _, k := range keys[1:] {
+		if !bytes.Equal(k, keys[0]) {
+			t.Fatal("concurrent callers got different keys")
+		}
+	}
+	// A damaged key file is an error, not a silent new key.
+	if err := os.WriteFile(filepath.Join(dir, KeyFile), []byte("short"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreateKey(dir); err == nil {
+		t.Fatal("a 5-byte key file was accepted")
+	}
+}
+
+// unsubFixture enqueues a digest for a user with full consent and returns
+// the fixture and the envelope's unsubscribe path.
+func unsubFixture(t *testing.T) (*fixture, *envelope.Envelope, string) {
+	f := newFixture(t)
+	f.grant("", "u_1")
+	e := digest("d/1", "u_1")
+	f.enqueue(http.StatusCreated, e)
+	link := f.unsub.URL(e)
+	u, err := url.Parse(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, e, strings.TrimPrefix(u.Path, "/outbox")
+}
+
+func (f *fixture) consent(tenant, user string) queue.Consent {
+	f.t.Helper()
+	c, err := f.q.Consent(context.Background(), tenant, user)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return c
+}
+
+func TestUnsubscribe_GetChangesNothing(t *testing.T) {
+	f, _, path := unsubFixture(t)
+	before := f.consent("", "u_1")
+	w := f.call("GET", path, "", noAuth)
+	if w.Code != 200 || !strings.HasPrefix(w.Header().Get("Content-Type"), "text/html") {
+		t.Fatalf("GET: %d %s", w.Code, w.Header().Get("Content-Type"))
+	}
+	body := w.Body.String()
+	for _, want := range []string{`<form method="post">`, `name="confirm" value="1"`, `<button type="submit">`, `lang="en"`, "digest emails"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("page lacks %q:\n%s", want, body)
+		}
+	}
+	if w.Header().Get("Referrer-Policy") != "no-referrer" || !strings.Contains(w.Header().Get("Content-Security-Policy"), "form-action 'self'") {
+		t.Errorf("headers %v", w.Header())
+	}
+	after := f.consent("", "u_1")
+	if !after.DigestEnabled || len(after.Suppressions) != len(before.Suppressions) {
+		t.Fatalf("GET changed consent: %+v", after)
+	}
+	// HEAD (a link scanner) changes nothing either.
+	f.call("HEAD", path, "", noAuth)
+	if c := f.consent("", "u_1"); !c.DigestEnabled || len(c.Suppressions) != 0 {
+		t.Fatalf("HEAD changed consent: %+v", c)
+	}
+}
+
+func TestUnsubscribe_OneClick(t *testing.T) {
+	f, e, path := unsubFixture(t)
+	w := f.call("POST", path, "List-Unsubscribe=One-Click", noAuth, withHeader("Content-Type", "application/x-www-form-urlencoded"))
+	if w.Code != 200 || w.Body.Len() != 0 || w.Header().Get("Location") != "" {
+		t.Fatalf("one-click: %d %q location %q", w.Code, w.Body, w.Header().Get("Location"))
+	}
+	c := f.consent("", "u_1")
+	if c.DigestEnabled || !c.PushEnabled || !c.EmailVerified || c.Cadence != "weekly" {
+		t.Fatalf("flags after unsubscribe: %+v (digest off, others kept)", c.ConsentFlags)
+	}
+	if len(c.Suppressions) != 1 || c.Suppressions[0].Channel != envelope.ChannelEmail || c.Suppressions[0].Reason != envelope.ClassUnsubscribed {
+		t.Fatalf("suppressions %+v", c.Suppressions)
+	}
+	// Nothing more is delivered: the seam does not hand the digest out.
+	if p := f.pending("email", 10); len(p.Envelopes) != 0 {
+		t.Fatalf("unsubscribed digest handed out")
+	}
+	if st := f.get("", e.ID); st.Status != string(envelope.StateSuppressed) {
+		t.Fatalf("digest status %s", st.Status)
+	}
+	// Repeating is harmless.
+	if w := f.call("POST", path, "List-Unsubscribe=One-Click", noAuth, withHeader("Content-Type", "application/x-www-form-urlencoded")); w.Code != 200 {
+		t.Fatalf("repeat: %d", w.Code)
+	}
+	if c := f.consent("", "u_1"); len(c.Suppressions) != 1 {
+		t.Fatalf("repeat added suppressions: %+v", c.Suppressions)
+	}
+}
+
+func TestUnsubscribe_Multipart(t *testing.T) {
+	f, _, path := unsubFixture(t)
+	body := "--b\r\nContent-Disposition: form-data; name=\"List-Unsubscribe\"\r\n\r\nOne-Click\r\n--b--\r\n"
+	w := f.call("POST", path, body, noAuth, withHeader("Content-Type", "multipart/form-data; boundary=b"))
+	if w.Code != 200 || w.Body.Len() != 0 {
+		t.Fatalf("multipart one-click: %d %q", w.Code, w.Body)
+	}
+	if c := f.consent("", "u_1"); c.DigestEnabled {
+		t.Fatal("not unsubscribed")
+	}
+}
+
+func TestUnsubscribe_BrowserForm(t *testing.T) {
+	f, _, path := unsubFixture(t)
+	w := f.call("POST", path, "confirm=1", noAuth, withHeader("Content-Type", "application/x-www-form-urlencoded"))
+	if w.Code != 200 || !strings.Contains(w.Body.String(), "You are unsubscribed") || w.Header().Get("Location") != "" {
+		t.Fatalf("form: %d %s", w.Code, w.Body)
+	}
+	if c := f.consent("", "u_1"); c.DigestEnabled || len(c.Suppressions) != 1 {
+		t.Fatalf("not unsubscribed: %+v", c)
+	}
+}
+
+func TestUnsubscribe_PushKeepsEmail(t *testing.T) {
+	f := newFixture(t)
+	f.grant("", "u_1")
+	link, _ := url.Parse(f.unsub.URL(nudge("n/1", "u_1")))
+	path := strings.TrimPrefix(link.Path, "/outbox")
+	if w := f.call("POST", path, "List-Unsubscribe=One-Click", noAuth); w.Code != 200 {
+		t.Fatalf("push unsubscribe: %d", w.Code)
+	}
+	c := f.consent("", "u_1")
+	if !c.DigestEnabled || len(c.Suppressions) != 1 || c.Suppressions[0].Channel != envelope.ChannelPush {
+		t.Fatalf("consent %+v", c)
+	}
+}
+
+func TestUnsubscribe_Tampered(t *testing.T) {
+	f, _, path := unsubFixture(t)
+	tok := strings.TrimPrefix(path, "/unsubscribe/")
+	raw, _ := base64.RawURLEncoding.DecodeString(tok)
+	raw[5] ^= 0x20
+	bad := "/unsubscribe/" + base64.RawURLEncoding.EncodeToString(raw)
+	other := "/unsubscribe/" + NewUnsubscriber(testKey(9), "").Token("default", "u_1", envelope.ChannelEmail, "x")
+	for _, p := range []string{bad, other, "/unsubscribe/garbage", "/unsubscribe/" + tok + "A"} {
+		for _, m := range []string{"GET", "POST"} {
+			w := f.call(m, p, "List-Unsubscribe=One-Click", noAuth, withHeader("Content-Type", "application/x-www-form-urlencoded"))
+			if w.Code != http.StatusBadRequest || !strings.HasPrefix(w.Header().Get("Content-Type"), "text/plain") || w.Header().Get("Location") != "" {
+				t.Errorf("%s %s: %d %s", m, p, w.Code, w.Header())
+			}
+		}
+	}
+	if c := f.consent("", "u_1"); !c.DigestEnabled || len(c.Suppressions) != 0 {
+		t.Fatalf("a tampered token changed consent: %+v", c)
+	}
+}
+
+func TestUnsubscribe_BodyTooLarge(t *testing.T) {
+	f, _, path := unsubFixture(t)
+	w := f.call("POST", path, "x="+strings.Repeat("a", maxFormBytes), noAuth, withHeader("Content-Type", "application/x-www-form-urlencoded"))
+	if w.Code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("status %d", w.Code)
+	}
+	if c := f.consent("", "u_1"); !c.DigestEnabled {
+		t.Fatal("unsubscribed despite the 413")
+	}
+}
+
+func TestUnsubscribe_NotServedWithoutUnsubscriber(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.Unsub = nil })
+	if w := f.call("GET", "/unsubscribe/x", "", noAuth); w.Code != http.StatusNotFound {
+		t.Fatalf("status %d", w.Code)
+	}
+}

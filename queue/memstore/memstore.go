@@ -1,0 +1,361 @@
+// Package memstore is the in-memory implementation of queue.Store, for tests
+// and small embeddings that need no durability.
+//
+// It keeps every envelope, row and consent record in maps guarded by one
+// mutex, so every method is safe for concurrent use and every call is
+// atomic: a batch enqueue, a claim of several rows or a commit and its
+// effects (the next segment becoming eligible, a suppression written back)
+// happen as one step or not at all. It passes the shared contract suite in
+// queue/queuetest, like the file-backed store returned by queue.Open.
+//
+// Nothing survives the process: the fence sequence starts again at 1 in a
+// new Store.
+package memstore
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+)
+
+// Store is an in-memory queue.Store. The zero value is not usable: call New.
+type Store struct {
+	now       func() time.Time
+	backoff   queue.Backoff
+	retention time.Duration
+	source    queue.ConsentSource
+	notify    chan struct{}
+
+	mu      sync.Mutex
+	closed  bool
+	fence   uint64                     // last fence issued
+	seq     uint64                     // last enqueue sequence number
+	envs    map[envKey]*envRec         // every envelope by (tenant, id)
+	order   []*envRec                  // every envelope in enqueue order
+	sched   schedule                   // pending and retryable rows by due time
+	leased  map[*row]struct{}          // rows sending
+	consent map[userKey]*queue.Consent // the store's own consent records
+}
+
+var _ queue.Store = (*Store)(nil)
+
+type envKey struct{ tenant, id string }
+
+type userKey struct{ tenant, user string }
+
+// envRec is one stored envelope and its rows (segments).
+type envRec struct {
+	seq        uint64
+	env        *envelope.Envelope // private deep copy, TenantID set
+	enqueuedAt time.Time
+	rows       []*row
+}
+
+func (e *envRec) key() envKey { return envKey{e.env.TenantID, e.env.ID} }
+
+// row is one delivery (segment) of an envelope.
+type row struct {
+	env      *envRec
+	index    int
+	state    envelope.State
+	attempts int
+	// budget is the attempt count at the last operator requeue: retries
+	// after a requeue get a fresh backoff and attempt budget while the
+	// attempt count itself keeps growing.
+	budget  int
+	class   envelope.ErrorClass
+	receipt string
+	// due is when a pending or retryable row becomes eligible; zero while
+	// it waits for the previous segment (or after a dead letter before it).
+	due       time.Time
+	gen       uint64 // schedule generation (see sched.go)
+	removed   bool   // erased or pruned
+	updatedAt time.Time
+	history   []queue.Attempt
+
+	// Lease, while sending.
+	owner           string
+	fence           uint64
+	leaseEnd        time.Time
+	claimedFrom     envelope.State // pending or retryable
+	expireToPending bool
+	recovered       bool // the current lease came from Recover
+}
+
+// New returns an empty in-memory store configured by opts (nil means
+// defaults). It uses Now, Backoff, Retention and Consent; the options that
+// apply to the file-backed store only are ignored.
+func New(opts *queue.Options) *Store {
+	o := opts.WithDefaults()
+	return &Store{
+		now:       o.Now,
+		backoff:   o.Backoff,
+		retention: o.Retention,
+		source:    o.Consent,
+		notify:    make(chan struct{}, 1),
+		envs:      make(map[envKey]*envRec),
+		leased:    make(map[*row]struct{}),
+		consent:   make(map[userKey]*queue.Consent),
+	}
+}
+
+// lock takes the mutex and reports ErrClosed (and the context's error)
+// before any work. On error the mutex is not held.
+func (s *Store) lock(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return queue.ErrClosed
+	}
+	return nil
+}
+
+// wake signals Notify without blocking; signals coalesce.
+func (s *Store) wake() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+func tenantOr(t string) string {
+	if t == "" {
+		return envelope.DefaultTenant
+	}
+	return t
+}
+
+// setState moves r to st, keeping the set of leased rows. A pending or
+// retryable row is not due until setDue schedules it.
+func (s *Store) setState(r *row, st envelope.State, now time.Time) {
+	r.state = st
+	r.updatedAt = now
+	r.due = time.Time{}
+	if st == envelope.StateSending {
+		s.leased[r] = struct{}{}
+		return
+	}
+	delete(s.leased, r)
+	r.owner = ""
+	r.leaseEnd = time.Time{}
+	r.expireToPending = false
+	r.recovered = false
+}
+
+func (r *row) record(now time.Time, attempt int, st envelope.State, class envelope.ErrorClass) {
+	r.history = append(r.history, queue.Attempt{Attempt: attempt, At: now, State: st, Class: class})
+}
+
+// waiting reports whether r is a pending or retryable row that is not
+// scheduled (it waits for an earlier segment).
+func (r *row) waiting() bool {
+	return (r.state == envelope.StatePending || r.state == envelope.StateRetryable) && r.due.IsZero()
+}
+
+// settleLater moves the envelope's rows after r that are still waiting for
+// their turn to st (an envelope that expired or lost consent or whose
+// recipient is gone delivers none of its remaining segments).
+func (s *Store) settleLater(r *row, st envelope.State, class envelope.ErrorClass, now time.Time) {
+	for _, x := range r.env.rows[r.index+1:] {
+		if x.state == envelope.StatePending || x.state == envelope.StateRetryable || x.state == envelope.StateUnresolved {
+			s.setState(x, st, now)
+			x.class = class
+			x.record(now, x.attempts, st, class)
+		}
+	}
+}
+
+// advance makes the segment after r eligible now, once r is sent.
+func (s *Store) advance(r *row, now time.Time) {
+	if r.index+1 >= len(r.env.rows) {
+		return
+	}
+	next := r.env.rows[r.index+1]
+	if next.waiting() {
+		s.setDue(next, now)
+		s.wake()
+	}
+}
+
+// consentOf returns the current consent for a user: from the configured
+// ConsentSource, or else the store's own records.
+func (s *Store) consentOf(ctx context.Context, tenant, user string) (queue.Consent, bool, error) {
+	if s.source != nil {
+		c, found, err := s.source.Consent(ctx, tenant, user)
+		if err != nil {
+			return queue.Consent{}, false, fmt.Errorf("consent source: %w", err)
+		}
+		return c, found, nil
+	}
+	c, ok := s.consent[userKey{tenant, user}]
+	if !ok {
+		return queue.Consent{}, false, nil
+	}
+	return *c, true, nil
+}
+
+// consentCache memoises consent lookups within one call.
+type consentCache struct {
+	s *Store
+	m map[userKey]consentEntry
+}
+
+type consentEntry struct {
+	c     queue.Consent
+	found bool
+}
+
+func (cc *consentCache) allows(ctx context.Context, e *envelope.Envelope) (bool, envelope.ErrorClass, error) {
+	k := userKey{e.TenantID, e.UserID}
+	ent, ok := cc.m[k]
+	if !ok {
+		c, found, err := cc.s.consentOf(ctx, k.tenant, k.user)
+		if err != nil {
+			return false, "", err
+		}
+		ent = consentEntry{c, found}
+		if cc.m == nil {
+			cc.m = make(map[userKey]consentEntry)
+		}
+		cc.m[k] = ent
+	}
+	ok, class := ent.c.Allows(ent.found, e)
+	return ok, class, nil
+}
+
+// Enqueue validates every envelope, checks current consent and stores the
+// new ones as one step: on any error nothing is stored. See queue.Store.
+// The caller's envelopes are not modified; the store keeps deep copies.
+func (s *Store) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queue.EnqueueResult, error) {
+	type prepared struct {
+		env  *envelope.Envelope
+		segs int
+	}
+	prep := make([]prepared, len(envs))
+	for i, e := range envs {
+		if e == nil {
+			return nil, &queue.EnqueueError{Index: i, Err: fmt.Errorf("nil envelope: %w", envelope.ErrInvalid)}
+		}
+		if err := envelope.Validate(e); err != nil {
+			return nil, &queue.EnqueueError{Index: i, Tenant: e.Tenant(), ID: e.ID, Err: err}
+		}
+		c := cloneEnvelope(e)
+		c.TenantID = e.Tenant()
+		n := 1
+		if c.Template == envelope.TemplateReply {
+			p, err := c.ReplyPayload()
+			if err != nil {
+				return nil, &queue.EnqueueError{Index: i, Tenant: c.TenantID, ID: c.ID, Err: err}
+			}
+			n = len(envelope.SplitReply(p.Text))
+			if n == 0 {
+				return nil, &queue.EnqueueError{Index: i, Tenant: c.TenantID, ID: c.ID,
+					Err: &envelope.ValidationError{Problems: []envelope.Problem{{Path: "payload.text", Rule: "no text to deliver"}}}}
+			}
+		}
+		prep[i] = prepared{c, n}
+	}
+
+	if err := s.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	now := s.now()
+
+	res := make([]queue.EnqueueResult, len(prep))
+	seen := make(map[envKey]int, len(prep))
+	cc := consentCache{s: s}
+	for i, p := range prep {
+		k := envKey{p.env.TenantID, p.env.ID}
+		res[i] = queue.EnqueueResult{Tenant: k.tenant, ID: k.id, Segments: p.segs}
+		if rec, ok := s.envs[k]; ok {
+			res[i].Duplicate = true
+			res[i].Segments = len(rec.rows)
+			continue
+		}
+		if j, ok := seen[k]; ok {
+			res[i].Duplicate = true
+			res[i].Segments = prep[j].segs
+			continue
+		}
+		seen[k] = i
+		ok, class, err := cc.allows(ctx, p.env)
+		if err != nil {
+			return nil, &queue.EnqueueError{Index: i, Tenant: k.tenant, ID: k.id, Err: err}
+		}
+		if !ok {
+			return nil, &queue.EnqueueError{Index: i, Tenant: k.tenant, ID: k.id, Reason: class, Err: queue.ErrConsentDenied}
+		}
+	}
+
+	created := false
+	for i, p := range prep {
+		if res[i].Duplicate {
+			continue
+		}
+		s.seq++
+		rec := &envRec{seq: s.seq, env: p.env, enqueuedAt: now}
+		first := now
+		if p.env.NotBefore.After(now) {
+			first = p.env.NotBefore
+		}
+		for j := range p.segs {
+			r := &row{env: rec, index: j, state: envelope.StatePending, updatedAt: now}
+			rec.rows = append(rec.rows, r)
+			if j == 0 {
+				s.setDue(r, first)
+			}
+		}
+		s.envs[rec.key()] = rec
+		s.order = append(s.order, rec)
+		created = true
+	}
+	if created {
+		s.wake()
+	}
+	return res, nil
+}
+
+func checkClaim(req queue.ClaimRequest) (queue.ClaimRequest, error) {
+	if req.Owner == "" {
+		return req, errors.New("queue: claim request needs an owner")
+	}
+	if req.Lease <= 0 {
+		return req, errors.New("queue: claim request needs a positive lease duration")
+	}
+	if req.Limit <= 0 {
+		req.Limit = 1
+	}
+	return req, nil
+}
+
+// matches reports whether r is within the request's tenant and channels.
+func matches(req *queue.ClaimRequest, r *row) bool {
+	if req.Tenant != "" && r.env.env.TenantID != req.Tenant {
+		return false
+	}
+	return len(req.Channels) == 0 || slices.Contains(req.Channels, r.env.env.Channel)
+}
+
+// byTime orders rows by a time, then enqueue order, then segment.
+func byTime(at func(*row) time.Time) func(a, b *row) int {
+	return func(a, b *row) int {
+		if c := at(a).Compare(at(b)); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.env.seq, b.env.seq); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.index, b.index)
+	}
+}

@@ -1,0 +1,414 @@
+package memstore
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+)
+
+// Get returns one envelope of tenant ("" means the default tenant) with
+// its segments and their history. The result is a copy. See queue.Store.
+func (s *Store) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStatus, error) {
+	if err := s.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	rec, ok := s.envs[envKey{tenantOr(tenant), id}]
+	if !ok {
+		return nil, queue.ErrNotFound
+	}
+	st := &queue.EnvelopeStatus{
+		Tenant:     rec.env.TenantID,
+		ID:         rec.env.ID,
+		UserID:     rec.env.UserID,
+		Channel:    rec.env.Channel,
+		Template:   rec.env.Template,
+		Status:     queue.StatusDelivered,
+		EnqueuedAt: rec.enqueuedAt,
+		Segments:   make([]queue.SegmentStatus, len(rec.rows)),
+		Envelope:   cloneEnvelope(rec.env),
+	}
+	first := true
+	for i, r := range rec.rows {
+		if r.state != envelope.StateSent && first {
+			st.Status = string(r.state)
+			first = false
+		}
+		st.Segments[i] = queue.SegmentStatus{
+			Index:     r.index,
+			State:     r.state,
+			Attempts:  r.attempts,
+			Class:     r.class,
+			Receipt:   r.receipt,
+			Fence:     r.fence,
+			NextAt:    r.due,
+			LeaseEnd:  r.leaseEnd,
+			UpdatedAt: r.updatedAt,
+			History:   slices.Clone(r.history),
+		}
+	}
+	return st, nil
+}
+
+// List limits.
+const (
+	defaultListLimit = 50
+	maxListLimit     = 1000
+)
+
+var errBadCursor = errors.New("queue: invalid list cursor")
+
+func encodeCursor(seq uint64, seg int) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatUint(seq, 10) + "." + strconv.Itoa(seg)))
+}
+
+func decodeCursor(c string) (uint64, int, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return 0, 0, errBadCursor
+	}
+	a, z, ok := strings.Cut(string(b), ".")
+	if !ok {
+		return 0, 0, errBadCursor
+	}
+	seq, err1 := strconv.ParseUint(a, 10, 64)
+	seg, err2 := strconv.Atoi(z)
+	if err1 != nil || err2 != nil || seg < 0 {
+		return 0, 0, errBadCursor
+	}
+	return seq, seg, nil
+}
+
+// List returns the rows matching f in enqueue order (then segment order),
+// at most f.Limit (default 50, at most 1000) per page. See queue.Store.
+func (s *Store) List(ctx context.Context, f queue.ListFilter) (*queue.Page, error) {
+	var (
+		cseq uint64
+		cseg = -1
+	)
+	if f.Cursor != "" {
+		var err error
+		if cseq, cseg, err = decodeCursor(f.Cursor); err != nil {
+			return nil, err
+		}
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	limit = min(limit, maxListLimit)
+
+	if err := s.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	start, _ := slices.BinarySearchFunc(s.order, cseq, func(e *envRec, seq uint64) int {
+		switch {
+		case e.seq < seq:
+			return -1
+		case e.seq > seq:
+			return 1
+		}
+		return 0
+	})
+	page := &queue.Page{Rows: []queue.Row{}}
+	for _, rec := range s.order[start:] {
+		e := rec.env
+		if (f.Tenant != "" && e.TenantID != f.Tenant) || (f.Channel != "" && e.Channel != f.Channel) {
+			continue
+		}
+		for _, r := range rec.rows {
+			if rec.seq == cseq && r.index <= cseg {
+				continue
+			}
+			if f.State != "" && r.state != f.State {
+				continue
+			}
+			if len(page.Rows) == limit {
+				last := page.Rows[limit-1]
+				lastRec := s.envs[envKey{last.Key.Tenant, last.Key.EnvelopeID}]
+				page.Next = encodeCursor(lastRec.seq, last.Key.Segment)
+				return page, nil
+			}
+			page.Rows = append(page.Rows, queue.Row{
+				Key:       envelope.Key{Tenant: e.TenantID, EnvelopeID: e.ID, Segment: r.index},
+				UserID:    e.UserID,
+				Channel:   e.Channel,
+				State:     r.state,
+				Attempts:  r.attempts,
+				Class:     r.class,
+				UpdatedAt: r.updatedAt,
+			})
+		}
+	}
+	return page, nil
+}
+
+// Counts returns the number of rows per state and channel of tenant ("" =
+// every tenant). See queue.Store.
+func (s *Store) Counts(ctx context.Context, tenant string) (queue.Counts, error) {
+	if err := s.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	c := queue.Counts{}
+	for _, rec := range s.order {
+		if tenant != "" && rec.env.TenantID != tenant {
+			continue
+		}
+		for _, r := range rec.rows {
+			m := c[r.state]
+			if m == nil {
+				m = map[envelope.Channel]int{}
+				c[r.state] = m
+			}
+			m[rec.env.Channel]++
+		}
+	}
+	return c, nil
+}
+
+// requeueable reports whether an operator requeue applies to st.
+func requeueable(st envelope.State) bool {
+	switch st {
+	case envelope.StateDeadLetter, envelope.StateUnresolved, envelope.StateExpired, envelope.StateSuppressed:
+		return true
+	}
+	return false
+}
+
+// Requeue returns the envelope's dead_letter, unresolved, expired and
+// suppressed segments to pending. The first segment not sent is due now;
+// later ones wait for their turn. Each requeued segment gets a fresh retry
+// budget; its attempt count and history are kept. See queue.Store.
+func (s *Store) Requeue(ctx context.Context, tenant, id string) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	rec, ok := s.envs[envKey{tenantOr(tenant), id}]
+	if !ok {
+		return queue.ErrNotFound
+	}
+	now := s.now()
+	n := 0
+	for _, r := range rec.rows {
+		if !requeueable(r.state) {
+			continue
+		}
+		s.setState(r, envelope.StatePending, now)
+		r.budget = r.attempts
+		r.record(now, r.attempts, envelope.StatePending, envelope.ClassOperator)
+		n++
+	}
+	if n == 0 {
+		return fmt.Errorf("requeue: no segment is dead_letter, unresolved, expired or suppressed: %w", queue.ErrInvalidTransition)
+	}
+	for _, r := range rec.rows {
+		if r.state == envelope.StateSent {
+			continue
+		}
+		if r.waiting() {
+			s.setDue(r, now)
+			s.wake()
+		}
+		break
+	}
+	return nil
+}
+
+// Resolve settles the envelope's unresolved segments as sent (the next
+// segment becomes due) or retryable (due now). See queue.Store.
+func (s *Store) Resolve(ctx context.Context, tenant, id string, as envelope.State) error {
+	if as != envelope.StateSent && as != envelope.StateRetryable {
+		return fmt.Errorf("resolve as %q: %w", as, queue.ErrInvalidTransition)
+	}
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	rec, ok := s.envs[envKey{tenantOr(tenant), id}]
+	if !ok {
+		return queue.ErrNotFound
+	}
+	now := s.now()
+	n := 0
+	for _, r := range rec.rows {
+		if r.state != envelope.StateUnresolved {
+			continue
+		}
+		n++
+		s.setState(r, as, now)
+		r.record(now, r.attempts, as, envelope.ClassOperator)
+		if as == envelope.StateSent {
+			r.class = ""
+			s.advance(r, now)
+		} else {
+			s.setDue(r, now)
+			s.wake()
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("resolve: no segment is unresolved: %w", queue.ErrInvalidTransition)
+	}
+	return nil
+}
+
+var errNoUser = errors.New("queue: user id is required")
+
+// Consent returns the user's consent record in tenant (the zero Consent
+// when there is none), as a copy. See queue.Store.
+func (s *Store) Consent(ctx context.Context, tenant, userID string) (queue.Consent, error) {
+	if err := s.lock(ctx); err != nil {
+		return queue.Consent{}, err
+	}
+	defer s.mu.Unlock()
+	c, ok := s.consent[userKey{tenantOr(tenant), userID}]
+	if !ok {
+		return queue.Consent{}, nil
+	}
+	out := *c
+	out.Suppressions = slices.Clone(c.Suppressions)
+	return out, nil
+}
+
+// SetConsent replaces the user's consent flags, keeping the suppressions.
+func (s *Store) SetConsent(ctx context.Context, tenant, userID string, f queue.ConsentFlags) error {
+	if userID == "" {
+		return errNoUser
+	}
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	k := userKey{tenantOr(tenant), userID}
+	c := s.consent[k]
+	if c == nil {
+		c = &queue.Consent{}
+		s.consent[k] = c
+	}
+	c.ConsentFlags = f
+	c.UpdatedAt = s.now()
+	return nil
+}
+
+// Suppress adds a suppression to the user's consent record; one that
+// repeats a channel and target already suppressed is not added again.
+func (s *Store) Suppress(ctx context.Context, tenant, userID string, sup queue.Suppression) error {
+	if userID == "" {
+		return errNoUser
+	}
+	if !sup.Channel.Valid() {
+		return fmt.Errorf("queue: suppression channel %q is not a known channel", sup.Channel)
+	}
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	now := s.now()
+	if sup.At.IsZero() {
+		sup.At = now
+	}
+	s.addSuppression(userKey{tenantOr(tenant), userID}, sup, now)
+	return nil
+}
+
+func (s *Store) addSuppression(k userKey, sup queue.Suppression, now time.Time) {
+	c := s.consent[k]
+	if c == nil {
+		c = &queue.Consent{}
+		s.consent[k] = c
+	}
+	c.UpdatedAt = now
+	for _, x := range c.Suppressions {
+		if x.Channel == sup.Channel && x.Target == sup.Target {
+			return
+		}
+	}
+	c.Suppressions = append(c.Suppressions, sup)
+}
+
+// Erase deletes the user's envelopes, rows and consent record in tenant.
+// Leases on erased rows can no longer commit (ErrLeaseLost).
+func (s *Store) Erase(ctx context.Context, tenant, userID string) error {
+	if userID == "" {
+		return errNoUser
+	}
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	tenant = tenantOr(tenant)
+	s.remove(func(rec *envRec) bool { return rec.env.TenantID == tenant && rec.env.UserID == userID })
+	delete(s.consent, userKey{tenant, userID})
+	return nil
+}
+
+// remove deletes every envelope for which drop is true and returns how
+// many it deleted.
+func (s *Store) remove(drop func(*envRec) bool) int {
+	n := 0
+	s.order = slices.DeleteFunc(s.order, func(rec *envRec) bool {
+		if !drop(rec) {
+			return false
+		}
+		for _, r := range rec.rows {
+			r.removed = true
+			delete(s.leased, r)
+		}
+		delete(s.envs, rec.key())
+		n++
+		return true
+	})
+	return n
+}
+
+// Prune deletes the envelopes whose rows are all terminal and were last
+// updated at least the retention period ago. See queue.Store.
+func (s *Store) Prune(ctx context.Context) (int, error) {
+	if err := s.lock(ctx); err != nil {
+		return 0, err
+	}
+	defer s.mu.Unlock()
+	cutoff := s.now().Add(-s.retention)
+	return s.remove(func(rec *envRec) bool {
+		for _, r := range rec.rows {
+			if !r.state.Terminal() || r.updatedAt.After(cutoff) {
+				return false
+			}
+		}
+		return true
+	}), nil
+}
+
+// Close releases the store; every later call returns queue.ErrClosed.
+// Closing again returns nil.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	return nil
+}
+
+// cloneEnvelope returns a deep copy of e.
+func cloneEnvelope(e *envelope.Envelope) *envelope.Envelope {
+	c := *e
+	c.Payload = slices.Clone(e.Payload)
+	if ps := e.Recipient.PushSubscription; ps != nil {
+		p := *ps
+		if ps.ExpirationTime != nil {
+			t := *ps.ExpirationTime
+			p.ExpirationTime = &t
+		}
+		c.Recipient.PushSubscription = &p
+	}
+	return &c
+}

@@ -1,0 +1,62 @@
+// Package worker is outbox's delivery loop (SPEC §4, §6, §10).
+//
+// # Overview
+//
+// A Worker leases deliverable rows from a queue.Store, renders each one with
+// a Renderer, hands the message to the channel's channels.Provider under the
+// row's stable key, and commits the outcome with the lease's fence:
+//
+//	claim (batch) → render → [rate limit] → Deliver (ctx with the lease deadline) → Commit
+//
+// It is woken at once by the store's Notify channel (in-process enqueues and
+// the tailer), by a timer set to the store's next due time, and by a slow
+// safety tick; idle, it sleeps.
+//
+// # Outcomes
+//
+// A provider's error is classified with envelope.Classify:
+//
+//   - success → sent, with the receipt;
+//   - retryable → retryable, honouring RetryAfter as a minimum delay (the
+//     store turns it into dead_letter at the attempt limit);
+//   - a timeout (the service may have accepted the message) → the row is left
+//     sending: when its lease expires it is reconciled, never blindly resent;
+//   - permanent → dead_letter;
+//   - recipient gone → bounced, complaint (class complaint) or suppressed
+//     (classes blocked_by_user, unsubscribed, consent_withdrawn); the store
+//     writes the suppression in the same transaction;
+//   - a render error → dead_letter with class render_failed;
+//   - a provider panic is recovered → retryable with class provider_panic.
+//
+// # Reconciliation
+//
+// On every loop turn the worker asks Store.Recover for rows of its channels
+// whose lease expired (a crashed or stopped worker, a lost receipt) and asks
+// the provider's Reconcile under the same key: accepted → sent, rejected →
+// retryable without counting an attempt, unknown or an error → unresolved
+// (class reconcile_unknown), which an operator settles.
+//
+// # Channels without a provider
+//
+// The worker claims only the channels it has providers for. Rows of other
+// channels stay pending; the gauge outbox_channel_unconfigured{channel} is 1
+// for them and one log line at start says so.
+//
+// # Shutdown
+//
+// When Run's context is cancelled (or Close is called) the worker stops
+// claiming and cancels in-flight provider calls through the same context.
+// A row whose call had not started is released (the attempt is not
+// counted); a row whose call was interrupted is left sending, so that it is
+// reconciled after its lease expires rather than resent. Run waits up to
+// Config.ShutdownTimeout for the calls to return.
+//
+// # Observability
+//
+// Metrics (prefix outbox_) carry only the labels channel, outcome, class,
+// result and state. Spans "outbox.deliver" and "outbox.reconcile" carry only
+// outbox.channel, outbox.provider, outbox.status and outbox.error_class.
+// Logs carry only component, operation, channel, provider, status,
+// error_class and trace_id. No id, address, message body or raw error text
+// is ever logged, exported or returned.
+package worker

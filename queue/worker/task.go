@@ -1,0 +1,326 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxhq/outbox/channels"
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+)
+
+// Task statuses that are not row states.
+const (
+	statusCommitFailed = "commit_failed"
+	statusDeferred     = "deferred"
+)
+
+// decision is what the worker does with a Deliver call's result.
+type decision struct {
+	commit bool          // false: leave the row sending for reconciliation
+	out    queue.Outcome // the outcome to commit (its Class also when not committing)
+	call   string        // outbox_provider_call_seconds outcome label
+}
+
+// decide maps a Deliver result to a decision. interrupted says Run's
+// context was cancelled during the call; timedOut says the call's lease
+// deadline passed. A call whose effect may have happened at the service
+// (a timeout, an interruption) is never committed as retryable: it is left
+// sending, so that its lease expires and it is reconciled instead of resent.
+func decide(err error, panicked, interrupted, timedOut bool) decision {
+	if panicked {
+		return decision{commit: true, call: callPanic,
+			out: queue.Outcome{State: envelope.StateRetryable, Class: envelope.ClassProviderPanic}}
+	}
+	if err == nil {
+		return decision{commit: true, call: callSent, out: queue.Outcome{State: envelope.StateSent}}
+	}
+	de := envelope.Classify(err)
+	class := de.Class
+	switch de.Kind {
+	case envelope.KindPermanent:
+		if class == "" {
+			class = envelope.ClassUnknown
+		}
+		return decision{commit: true, call: callPermanent,
+			out: queue.Outcome{State: envelope.StateDeadLetter, Class: class}}
+	case envelope.KindRecipientGone:
+		state := envelope.StateBounced
+		switch class {
+		case "":
+			class = envelope.ClassBounced
+		case envelope.ClassComplaint:
+			state = envelope.StateComplaint
+		case envelope.ClassBlockedByUser, envelope.ClassUnsubscribed, envelope.ClassConsentWithdrawn:
+			state = envelope.StateSuppressed
+		}
+		return decision{commit: true, call: callRecipientGone, out: queue.Outcome{State: state, Class: class}}
+	}
+	if class == "" {
+		class = envelope.ClassUnknown
+	}
+	switch {
+	case interrupted:
+		return decision{call: callInterrupted, out: queue.Outcome{State: envelope.StateSending, Class: envelope.ClassInterrupted}}
+	case timedOut || class == envelope.ClassTimeout:
+		return decision{call: callLost, out: queue.Outcome{State: envelope.StateSending, Class: envelope.ClassTimeout}}
+	}
+	return decision{commit: true, call: callRetryable,
+		out: queue.Outcome{State: envelope.StateRetryable, Class: class, RetryAfter: de.RetryAfter}}
+}
+
+// deliver runs one claimed row under an "outbox.deliver" span.
+func (w *Worker) deliver(ctx context.Context, l *queue.Lease) result {
+	ch := l.Channel
+	ctx, span := w.tracer.Start(ctx, spanDeliver, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attrChannel.String(string(ch)), attrProvider.String(w.names[ch])))
+	r := w.deliverLease(ctx, l)
+	endSpan(span, r)
+	w.logResult(ctx, "deliver", ch, r)
+	return r
+}
+
+func (w *Worker) deliverLease(ctx context.Context, l *queue.Lease) result {
+	ch := l.Channel
+	if ctx.Err() != nil {
+		return w.release(ctx, l)
+	}
+	now := w.now()
+	if e := l.Envelope; e != nil && !e.ExpiresAt.IsZero() && !now.Before(e.ExpiresAt) {
+		return w.commit(ctx, l, queue.Outcome{State: envelope.StateExpired, Class: envelope.ClassExpired})
+	}
+	msg, ok := w.render(l, now)
+	if !ok {
+		return w.commit(ctx, l, queue.Outcome{State: envelope.StateDeadLetter, Class: envelope.ClassRenderFailed})
+	}
+	callCtx, cancel, ok := w.callContext(ctx, l)
+	if !ok {
+		return w.release(ctx, l) // the lease ran out before the call could start
+	}
+	defer cancel()
+	if lim := w.limiters[ch]; lim != nil {
+		if err := lim.Wait(callCtx); err != nil {
+			return w.release(ctx, l) // no token within the lease, or shutting down
+		}
+	}
+	if ctx.Err() != nil {
+		return w.release(ctx, l)
+	}
+
+	start := time.Now()
+	rcpt, panicked, err := callDeliver(callCtx, w.providers[ch], l.Key, msg)
+	d := decide(err, panicked, ctx.Err() != nil, callCtx.Err() != nil)
+	w.metrics.providerCall.WithLabelValues(string(ch), d.call).Observe(time.Since(start).Seconds())
+	if panicked {
+		w.metrics.panics.WithLabelValues(string(ch)).Inc()
+	}
+	if !d.commit {
+		// Left sending: when the lease expires the row is recovered and
+		// reconciled with the provider under the same key.
+		w.addHint(l.ExpiresAt)
+		return result{status: d.call, class: d.out.Class}
+	}
+	if d.out.State == envelope.StateSent {
+		d.out.Receipt = rcpt.ID
+	}
+	r := w.commit(ctx, l, d.out)
+	if panicked && r.status != statusCommitFailed {
+		r.status = callPanic
+	}
+	return r
+}
+
+// reconcile runs one recovered row under an "outbox.reconcile" span.
+func (w *Worker) reconcile(ctx context.Context, l *queue.Lease) result {
+	ch := l.Channel
+	ctx, span := w.tracer.Start(ctx, spanReconcile, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attrChannel.String(string(ch)), attrProvider.String(w.names[ch])))
+	r := w.reconcileLease(ctx, l)
+	endSpan(span, r)
+	w.logResult(ctx, "reconcile", ch, r)
+	return r
+}
+
+func (w *Worker) reconcileLease(ctx context.Context, l *queue.Lease) result {
+	ch := l.Channel
+	if ctx.Err() != nil {
+		// Not asked: the lease expires again and the next worker asks.
+		return result{status: callInterrupted, class: envelope.ClassInterrupted}
+	}
+	msg, ok := w.render(l, w.now())
+	if !ok {
+		// Without the message the provider cannot be asked; the fate of
+		// the earlier call stays unknown.
+		w.metrics.recoveries.WithLabelValues(channels.Unknown.String()).Inc()
+		return w.commit(ctx, l, queue.Outcome{State: envelope.StateUnresolved, Class: envelope.ClassReconcileUnknown})
+	}
+	callCtx, cancel, ok := w.callContext(ctx, l)
+	if !ok {
+		return result{status: statusDeferred, class: envelope.ClassTimeout}
+	}
+	defer cancel()
+	if lim := w.limiters[ch]; lim != nil {
+		if err := lim.Wait(callCtx); err != nil {
+			if ctx.Err() != nil {
+				return result{status: callInterrupted, class: envelope.ClassInterrupted}
+			}
+			w.addHint(l.ExpiresAt)
+			return result{status: statusDeferred, class: envelope.ClassRateLimited}
+		}
+	}
+
+	start := time.Now()
+	rec, panicked, err := callReconcile(callCtx, w.providers[ch], l.Key, msg)
+	outcome := channels.Unknown
+	if err == nil && !panicked {
+		outcome = rec.Outcome
+	}
+	if panicked {
+		w.metrics.panics.WithLabelValues(string(ch)).Inc()
+	}
+	w.metrics.providerCall.WithLabelValues(string(ch), outcome.String()).Observe(time.Since(start).Seconds())
+	if outcome == channels.Unknown && ctx.Err() != nil {
+		// The answer may be the cancellation's doing: leave the row for
+		// the next recovery rather than settle it as unresolved.
+		return result{status: callInterrupted, class: envelope.ClassInterrupted}
+	}
+	w.metrics.recoveries.WithLabelValues(outcome.String()).Inc()
+	switch outcome {
+	case channels.Accepted:
+		return w.commit(ctx, l, queue.Outcome{State: envelope.StateSent, Receipt: rec.Receipt.ID})
+	case channels.Rejected:
+		return w.commit(ctx, l, queue.Outcome{State: envelope.StateRetryable,
+			Class: envelope.ClassReconcileRejected, NoAttempt: true})
+	}
+	return w.commit(ctx, l, queue.Outcome{State: envelope.StateUnresolved, Class: envelope.ClassReconcileUnknown})
+}
+
+// callContext returns the context of a provider call: Run's context with
+// the lease deadline (less a tenth, to leave time for the commit).
+func (w *Worker) callContext(ctx context.Context, l *queue.Lease) (context.Context, context.CancelFunc, bool) {
+	remaining := l.ExpiresAt.Sub(w.now())
+	if remaining <= 0 {
+		return nil, nil, false
+	}
+	c, cancel := context.WithTimeout(ctx, remaining-remaining/10)
+	return c, cancel, true
+}
+
+// render renders the leased segment; a renderer error or panic is a
+// failure (never logged as text).
+func (w *Worker) render(l *queue.Lease, now time.Time) (msg *envelope.Message, ok bool) {
+	if l.Envelope == nil {
+		return nil, false
+	}
+	defer func() {
+		if recover() != nil {
+			w.metrics.panics.WithLabelValues(string(l.Channel)).Inc()
+			msg, ok = nil, false
+		}
+	}()
+	m, err := w.cfg.Renderer.Render(l.Envelope, l.Key.Segment, now)
+	if err != nil || m == nil {
+		return nil, false
+	}
+	return m, true
+}
+
+// callDeliver calls p.Deliver, containing a panic.
+func callDeliver(ctx context.Context, p channels.Provider, key envelope.Key, msg *envelope.Message) (rc channels.Receipt, panicked bool, err error) {
+	defer func() {
+		if recover() != nil {
+			rc, panicked, err = channels.Receipt{}, true, nil
+		}
+	}()
+	rc, err = p.Deliver(ctx, key, msg)
+	return rc, false, err
+}
+
+// callReconcile calls p.Reconcile, containing a panic.
+func callReconcile(ctx context.Context, p channels.Provider, key envelope.Key, msg *envelope.Message) (rec channels.Reconciliation, panicked bool, err error) {
+	defer func() {
+		if recover() != nil {
+			rec, panicked, err = channels.Reconciliation{}, true, nil
+		}
+	}()
+	rec, err = p.Reconcile(ctx, key, msg)
+	return rec, false, err
+}
+
+// storeContext is the context of a commit or release: it survives Run's
+// cancellation (an outcome that is known must be recorded) but is bounded.
+func storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), storeOpTimeout)
+}
+
+// commit commits out for l and counts it. For a retryable outcome it reads
+// the row back: the store may have made it dead_letter (attempt limit), and
+// its due time is a hint for the loop's timer.
+func (w *Worker) commit(ctx context.Context, l *queue.Lease, out queue.Outcome) result {
+	sctx, cancel := storeContext(ctx)
+	defer cancel()
+	if err := w.leases.Commit(sctx, l, out); err != nil {
+		w.logStoreError(ctx, "commit", err)
+		return result{status: statusCommitFailed, class: storeClass(err)}
+	}
+	state, class := out.State, out.Class
+	if state == envelope.StateRetryable {
+		if seg, ok := w.segment(sctx, l); ok {
+			if seg.State.Valid() && seg.State != envelope.StateSending {
+				state = seg.State
+			}
+			if seg.Class != "" {
+				class = seg.Class
+			}
+			if state == envelope.StateRetryable && !seg.NextAt.IsZero() {
+				w.addHint(seg.NextAt)
+			}
+		}
+	}
+	ch := string(l.Channel)
+	w.metrics.deliveries.WithLabelValues(ch, string(state)).Inc()
+	switch state {
+	case envelope.StateSent:
+		if !l.EnqueuedAt.IsZero() {
+			if d := w.now().Sub(l.EnqueuedAt); d >= 0 {
+				w.metrics.latency.WithLabelValues(ch).Observe(d.Seconds())
+			}
+		}
+	case envelope.StateRetryable:
+		w.metrics.retries.WithLabelValues(ch, string(class)).Inc()
+	case envelope.StateDeadLetter:
+		w.metrics.deadLetters.WithLabelValues(ch, string(class)).Inc()
+	}
+	if state == envelope.StateSent {
+		class = ""
+	}
+	return result{status: string(state), class: class}
+}
+
+// segment reads the committed row of l back.
+func (w *Worker) segment(ctx context.Context, l *queue.Lease) (queue.SegmentStatus, bool) {
+	st, err := w.store.Get(ctx, l.Key.Tenant, l.Key.EnvelopeID)
+	if err != nil {
+		return queue.SegmentStatus{}, false
+	}
+	for _, s := range st.Segments {
+		if s.Index == l.Key.Segment {
+			return s, true
+		}
+	}
+	return queue.SegmentStatus{}, false
+}
+
+// release gives back a lease whose provider call never started.
+func (w *Worker) release(ctx context.Context, l *queue.Lease) result {
+	sctx, cancel := storeContext(ctx)
+	defer cancel()
+	if err := w.leases.Release(sctx, l); err != nil {
+		w.logStoreError(ctx, "release", err)
+		return result{status: statusCommitFailed, class: storeClass(err)}
+	}
+	w.metrics.deliveries.WithLabelValues(string(l.Channel), outcomeReleased).Inc()
+	return result{status: outcomeReleased}
+}

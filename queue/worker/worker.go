@@ -1,0 +1,488 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	"golang.org/x/time/rate"
+
+	"github.com/outboxhq/outbox/channels"
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+)
+
+// Internal timing.
+const (
+	// storeOpTimeout bounds a commit or release made after a provider call,
+	// on a context that survives Run's cancellation.
+	storeOpTimeout = 10 * time.Second
+	// staleWaitMin and the rescan interval bound the wait when the store's
+	// next due time has passed but nothing of this worker's was claimable
+	// (rows of another tenant or of a channel without a provider).
+	staleWaitMin = 100 * time.Millisecond
+	// maxHints bounds the due times the worker remembers itself.
+	maxHints = 256
+	// errWaitMax caps the back-off after a failing store call.
+	errWaitMax = 30 * time.Second
+)
+
+// leaser is the part of the store the delivery path uses: a queue.Store,
+// or a tenant-scoped *queue.Tenant that rejects another tenant's leases.
+type leaser interface {
+	Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error)
+	Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error)
+	Commit(ctx context.Context, l *queue.Lease, out queue.Outcome) error
+	Release(ctx context.Context, l *queue.Lease) error
+}
+
+// Worker delivers a store's rows through providers (see the package doc).
+// Its methods are safe for concurrent use.
+type Worker struct {
+	cfg          Config
+	store        queue.Store
+	leases       leaser
+	providers    map[envelope.Channel]channels.Provider
+	names        map[envelope.Channel]string // provider names, for labels
+	channels     []envelope.Channel          // configured, in envelope.Channels order
+	unconfigured []envelope.Channel
+	limiters     map[envelope.Channel]*rate.Limiter
+	metrics      *metrics
+	tracer       trace.Tracer
+	log          *slog.Logger
+	now          func() time.Time
+	rescan       time.Duration
+
+	slots     chan struct{} // one token per task in flight
+	slotFreed chan struct{} // a task finished (coalesced)
+	kick      chan struct{} // wake the loop (coalesced)
+	wg        sync.WaitGroup
+
+	hintMu sync.Mutex
+	hints  []time.Time // sorted due times this worker knows of (its retries, its abandoned leases)
+
+	mu      sync.Mutex
+	closed  bool
+	running bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	// hooks are test signals; nil outside tests.
+	hooks *hooks
+}
+
+// hooks lets tests observe the worker without sleeping. Set before Run.
+type hooks struct {
+	// taskDone is called when a delivery or reconciliation task ends.
+	taskDone func(op string, key envelope.Key, r result)
+	// turnStart and turnEnd are called at the start and the end of each
+	// loop turn.
+	turnStart, turnEnd func()
+}
+
+// New validates cfg and returns a worker. Errors name the Config field at
+// fault. It registers the worker's metrics on cfg.Registerer.
+func New(cfg Config) (*Worker, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{
+		cfg:       c,
+		store:     c.Store,
+		leases:    c.Store,
+		providers: c.Providers,
+		names:     make(map[envelope.Channel]string, len(c.Providers)),
+		limiters:  make(map[envelope.Channel]*rate.Limiter),
+		log:       c.Logger,
+		now:       c.Now,
+		rescan:    DefaultRescanInterval,
+		slots:     make(chan struct{}, c.Concurrency),
+		slotFreed: make(chan struct{}, 1),
+		kick:      make(chan struct{}, 1),
+	}
+	if c.Tenant != "" {
+		w.leases = queue.Scope(c.Store, c.Tenant)
+	}
+	for _, ch := range envelope.Channels {
+		p, ok := c.Providers[ch]
+		if !ok {
+			w.unconfigured = append(w.unconfigured, ch)
+			continue
+		}
+		w.channels = append(w.channels, ch)
+		name := p.Capabilities().Name
+		if name == "" {
+			name = "unnamed"
+		}
+		w.names[ch] = name
+		if l, ok := c.RateLimits[ch]; ok && l != rate.Inf {
+			b := c.RateBursts[ch]
+			if b == 0 {
+				b = 1
+			}
+			w.limiters[ch] = rate.NewLimiter(l, b)
+		}
+	}
+	tp := c.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	w.tracer = tp.Tracer(tracerName)
+	w.metrics, err = newMetrics(c.Registerer, func(ctx context.Context) (queue.Counts, error) {
+		return c.Store.Counts(ctx, c.Tenant)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("worker: register metrics: %w", err)
+	}
+	for _, ch := range envelope.Channels {
+		v := 0.0
+		if !slices.Contains(w.channels, ch) {
+			v = 1
+		}
+		w.metrics.unconfigured.WithLabelValues(string(ch)).Set(v)
+	}
+	return w, nil
+}
+
+// Run claims and delivers until ctx is cancelled or Close is called, then
+// stops claiming, cancels in-flight provider calls, waits up to
+// Config.ShutdownTimeout for them and returns: nil on a clean stop,
+// ErrShutdownTimeout when calls were still running, or an error wrapping
+// queue.ErrClosed when the store was closed under it. It returns ErrRunning
+// when the worker is already running and ErrClosed after Close. A worker may
+// be run again after Run returned.
+func (w *Worker) Run(ctx context.Context) error {
+	w.mu.Lock()
+	switch {
+	case w.closed:
+		w.mu.Unlock()
+		return ErrClosed
+	case w.running:
+		w.mu.Unlock()
+		return ErrRunning
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	w.running, w.cancel, w.done = true, cancel, done
+	w.mu.Unlock()
+
+	defer func() {
+		cancel()
+		w.mu.Lock()
+		w.running, w.cancel, w.done = false, nil, nil
+		w.mu.Unlock()
+		close(done)
+	}()
+
+	w.log.LogAttrs(runCtx, slog.LevelInfo, "worker started",
+		slog.String(keyOperation, "run"), slog.String(keyStatus, "started"))
+	for _, ch := range w.unconfigured {
+		w.log.LogAttrs(runCtx, slog.LevelWarn, "channel has no provider: its deliveries stay pending",
+			slog.String(keyOperation, "run"), slog.String(keyChannel, string(ch)),
+			slog.String(keyStatus, "unconfigured"))
+	}
+
+	err := w.loop(runCtx)
+	cancel()
+	if werr := w.waitTasks(); werr != nil && err == nil {
+		err = werr
+	}
+	status := "stopped"
+	if err != nil {
+		status = "failed"
+	}
+	w.log.LogAttrs(context.WithoutCancel(runCtx), slog.LevelInfo, "worker stopped",
+		slog.String(keyOperation, "run"), slog.String(keyStatus, status))
+	return err
+}
+
+// Close stops Run if it is running and waits for it to return. It is
+// idempotent; Run after Close returns ErrClosed.
+func (w *Worker) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.closed = true
+	cancel, done := w.cancel, w.done
+	w.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+	return nil
+}
+
+// waitTasks waits up to ShutdownTimeout for the tasks in flight.
+func (w *Worker) waitTasks() error {
+	finished := make(chan struct{})
+	go func() {
+		w.wg.Wait()
+		close(finished)
+	}()
+	t := time.NewTimer(w.cfg.ShutdownTimeout)
+	defer t.Stop()
+	select {
+	case <-finished:
+		return nil
+	case <-t.C:
+		w.log.LogAttrs(context.Background(), slog.LevelError, "provider calls still running after the shutdown timeout",
+			slog.String(keyOperation, "run"), slog.String(keyStatus, "shutdown_timeout"))
+		return ErrShutdownTimeout
+	}
+}
+
+// wake makes the loop take a turn now.
+func (w *Worker) wake() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// loop runs turns until ctx is done.
+func (w *Worker) loop(ctx context.Context) error {
+	notify := w.store.Notify()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	stale := time.Duration(0)   // back-off when the store's due time is not ours
+	errWait := time.Duration(0) // back-off after store errors
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if w.hooks != nil && w.hooks.turnStart != nil {
+			w.hooks.turnStart()
+		}
+		progress, saturated, err := w.turn(ctx)
+		var wait time.Duration
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, queue.ErrClosed):
+			return fmt.Errorf("worker: %w", queue.ErrClosed)
+		case err != nil:
+			errWait = min(max(2*errWait, staleWaitMin), errWaitMax)
+			wait = errWait
+		default:
+			errWait = 0
+			if progress {
+				stale = 0
+			}
+			wait = w.nextWait(ctx, progress, saturated, &stale)
+		}
+		if w.hooks != nil && w.hooks.turnEnd != nil {
+			w.hooks.turnEnd()
+		}
+		if wait <= 0 {
+			continue
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case _, ok := <-notify:
+			if !ok {
+				return fmt.Errorf("worker: %w", queue.ErrClosed)
+			}
+			stale = 0
+		case <-w.kick:
+			stale = 0
+		case <-w.slotFreed:
+		case <-timer.C:
+		}
+		timer.Stop() // Go ≥ 1.23 timers: no stale tick survives Stop or Reset
+	}
+}
+
+// free returns the number of task slots free.
+func (w *Worker) free() int { return cap(w.slots) - len(w.slots) }
+
+// turn recovers expired leases and claims rows into the free slots. It
+// reports whether it leased anything and whether every slot is busy.
+func (w *Worker) turn(ctx context.Context) (progress, saturated bool, err error) {
+	if n := w.free(); n > 0 {
+		leases, err := w.leases.Recover(ctx, w.request(w.channels, n))
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logStoreError(ctx, "recover", err)
+			}
+			return progress, false, err
+		}
+		for _, l := range leases {
+			progress = true
+			w.dispatch(ctx, "reconcile", l)
+		}
+	}
+	for {
+		n := w.free()
+		if n == 0 {
+			return progress, true, nil
+		}
+		chans := w.readyChannels(time.Now())
+		if len(chans) == 0 {
+			return progress, false, nil
+		}
+		limit := min(n, w.cfg.ClaimBatch)
+		leases, err := w.leases.Claim(ctx, w.request(chans, limit))
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logStoreError(ctx, "claim", err)
+			}
+			return progress, false, err
+		}
+		for _, l := range leases {
+			progress = true
+			w.metrics.claims.WithLabelValues(string(l.Channel)).Inc()
+			w.dispatch(ctx, "deliver", l)
+		}
+		if len(leases) < limit {
+			return progress, false, nil
+		}
+	}
+}
+
+func (w *Worker) request(chans []envelope.Channel, limit int) queue.ClaimRequest {
+	return queue.ClaimRequest{
+		Tenant:   w.cfg.Tenant,
+		Channels: chans,
+		Owner:    w.cfg.Owner,
+		Lease:    w.cfg.Lease,
+		Limit:    limit,
+	}
+}
+
+// readyChannels returns the configured channels whose rate limiter has a
+// token at t.
+func (w *Worker) readyChannels(t time.Time) []envelope.Channel {
+	if len(w.limiters) == 0 {
+		return w.channels
+	}
+	out := make([]envelope.Channel, 0, len(w.channels))
+	for _, ch := range w.channels {
+		if lim := w.limiters[ch]; lim != nil && lim.TokensAt(t) < 1 {
+			continue
+		}
+		out = append(out, ch)
+	}
+	return out
+}
+
+// tokenWait returns how long until every rate-limited channel has a token
+// again (the shortest such wait), or 0 when none is waiting.
+func (w *Worker) tokenWait(t time.Time) time.Duration {
+	var wait time.Duration
+	for _, lim := range w.limiters {
+		tok := lim.TokensAt(t)
+		if tok >= 1 {
+			continue
+		}
+		d := time.Duration(math.Ceil((1 - tok) / float64(lim.Limit()) * float64(time.Second)))
+		if d < time.Millisecond {
+			d = time.Millisecond
+		}
+		if wait == 0 || d < wait {
+			wait = d
+		}
+	}
+	return wait
+}
+
+// nextWait decides how long the loop sleeps after a turn, unless woken.
+func (w *Worker) nextWait(ctx context.Context, progress, saturated bool, stale *time.Duration) time.Duration {
+	wait := w.rescan
+	if saturated {
+		return wait // a finishing task wakes the loop
+	}
+	now := w.now()
+	due, err := w.store.NextDue(ctx)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			w.logStoreError(ctx, "next_due", err)
+		}
+	case due.IsZero():
+	case due.After(now):
+		wait = min(wait, due.Sub(now))
+	case progress:
+		return 0 // more may be due: look again at once
+	default:
+		// The earliest due row is not claimable by this worker (another
+		// tenant's, a channel without provider, a blocked segment), and it
+		// hides the store's later due times: fall back to what this worker
+		// knows, and look again with a growing back-off.
+		*stale = min(max(2**stale, staleWaitMin), w.rescan)
+		wait = min(wait, *stale)
+	}
+	if h, ok := w.nextHint(now); ok {
+		wait = min(wait, max(h.Sub(now), time.Millisecond))
+	}
+	if tw := w.tokenWait(time.Now()); tw > 0 {
+		wait = min(wait, tw)
+	}
+	return wait
+}
+
+// addHint remembers a due time of this worker's own rows.
+func (w *Worker) addHint(t time.Time) {
+	w.hintMu.Lock()
+	defer w.hintMu.Unlock()
+	i, _ := slices.BinarySearchFunc(w.hints, t, func(a, b time.Time) int { return a.Compare(b) })
+	if i >= maxHints {
+		return
+	}
+	w.hints = slices.Insert(w.hints, i, t)
+	if len(w.hints) > maxHints {
+		w.hints = w.hints[:maxHints]
+	}
+}
+
+// nextHint drops the hints not after now and returns the earliest one left.
+func (w *Worker) nextHint(now time.Time) (time.Time, bool) {
+	w.hintMu.Lock()
+	defer w.hintMu.Unlock()
+	i := 0
+	for i < len(w.hints) && !w.hints[i].After(now) {
+		i++
+	}
+	w.hints = w.hints[i:]
+	if len(w.hints) == 0 {
+		return time.Time{}, false
+	}
+	return w.hints[0], true
+}
+
+// dispatch runs one task in its own goroutine, holding a slot. The loop
+// only claims as many rows as there are free slots, so this never blocks.
+func (w *Worker) dispatch(ctx context.Context, op string, l *queue.Lease) {
+	w.slots <- struct{}{}
+	w.wg.Add(1)
+	go func() {
+		defer func() {
+			<-w.slots
+			select {
+			case w.slotFreed <- struct{}{}:
+			default:
+			}
+			w.wg.Done()
+		}()
+		var r result
+		if op == "reconcile" {
+			r = w.reconcile(ctx, l)
+		} else {
+			r = w.deliver(ctx, l)
+		}
+		if w.hooks != nil && w.hooks.taskDone != nil {
+			w.hooks.taskDone(op, l.Key, r)
+		}
+	}()
+}
