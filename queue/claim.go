@@ -105,7 +105,10 @@ func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, r
 	if e.Exp > 0 && nowN >= e.Exp {
 		r.State, r.Class, r.Due, r.Updated = envelope.StateExpired, envelope.ClassExpired, 0, nowN
 		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: r.State, Class: r.Class})
-		return nil, nil, putRow(tx, ek, seg, e, tenant, &old, r)
+		if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+			return nil, nil, err
+		}
+		return nil, nil, settleRest(tx, ek, e, seg, envelope.StateExpired, envelope.ClassExpired, now)
 	}
 	ck := tenant + "\x00" + e.User
 	ca, ok := users[ck]
@@ -126,7 +129,10 @@ func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, r
 	if allowed, why := ca.c.Allows(ca.found, env); !allowed {
 		r.State, r.Class, r.Due, r.Updated = envelope.StateSuppressed, why, 0, nowN
 		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: r.State, Class: r.Class})
-		return nil, nil, putRow(tx, ek, seg, e, tenant, &old, r)
+		if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+			return nil, nil, err
+		}
+		return nil, nil, settleRest(tx, ek, e, seg, envelope.StateSuppressed, why, now)
 	}
 	r.Prev = r.State
 	r.State = envelope.StateSending
@@ -314,18 +320,24 @@ func (q *Queue) suppressRest(tx *bolt.Tx, ek []byte, e *envRec, seg int, reason 
 	if err := putConsent(tx, tenant, e.User, c); err != nil {
 		return err
 	}
+	return settleRest(tx, ek, e, seg, envelope.StateSuppressed, reason, now)
+}
+
+// settleRest moves an envelope's segments after seg that are still waiting
+// (pending, not yet due) to state: they can never go once seg did not.
+func settleRest(tx *bolt.Tx, ek []byte, e *envRec, seg int, state envelope.State, class envelope.ErrorClass, now time.Time) error {
+	tenant, _ := splitEnvKey(ek)
 	for s := seg + 1; s < e.Segs; s++ {
-		rk := rowKey(ek, s)
-		r, err := getRow(tx, rk)
+		r, err := getRow(tx, rowKey(ek, s))
 		if err != nil || r == nil {
 			return err
 		}
-		if r.State == envelope.StateSent {
+		if r.State != envelope.StatePending {
 			continue
 		}
 		old := *r
-		r.State, r.Class, r.Due, r.Updated = envelope.StateSuppressed, reason, 0, now.UnixNano()
-		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: r.State, Class: reason})
+		r.State, r.Class, r.Due, r.Updated = state, class, 0, now.UnixNano()
+		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: state, Class: class})
 		if err := putRow(tx, ek, s, e, tenant, &old, r); err != nil {
 			return err
 		}

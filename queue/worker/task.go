@@ -266,18 +266,8 @@ func (w *Worker) commit(ctx context.Context, l *queue.Lease, out queue.Outcome) 
 		return result{status: statusCommitFailed, class: storeClass(err)}
 	}
 	state, class := out.State, out.Class
-	if state == envelope.StateRetryable {
-		if seg, ok := w.segment(sctx, l); ok {
-			if seg.State.Valid() && seg.State != envelope.StateSending {
-				state = seg.State
-			}
-			if seg.Class != "" {
-				class = seg.Class
-			}
-			if state == envelope.StateRetryable && !seg.NextAt.IsZero() {
-				w.addHint(seg.NextAt)
-			}
-		}
+	if state == envelope.StateRetryable && !out.NoAttempt {
+		state, class = w.settled(sctx, l, state, class)
 	}
 	ch := string(l.Channel)
 	w.metrics.deliveries.WithLabelValues(ch, string(state)).Inc()
@@ -299,18 +289,35 @@ func (w *Worker) commit(ctx context.Context, l *queue.Lease, out queue.Outcome) 
 	return result{status: string(state), class: class}
 }
 
-// segment reads the committed row of l back.
-func (w *Worker) segment(ctx context.Context, l *queue.Lease) (queue.SegmentStatus, bool) {
+// settled reads back what a committed retryable outcome of l became: the
+// store turns it into dead_letter at the attempt limit. It finds the
+// history entry of l's attempt (the row may have moved on since), and
+// remembers the retry's due time as a hint for the loop's timer.
+func (w *Worker) settled(ctx context.Context, l *queue.Lease, state envelope.State, class envelope.ErrorClass) (envelope.State, envelope.ErrorClass) {
 	st, err := w.store.Get(ctx, l.Key.Tenant, l.Key.EnvelopeID)
 	if err != nil {
-		return queue.SegmentStatus{}, false
+		return state, class
 	}
-	for _, s := range st.Segments {
-		if s.Index == l.Key.Segment {
-			return s, true
+	for _, seg := range st.Segments {
+		if seg.Index != l.Key.Segment {
+			continue
+		}
+		for i := len(seg.History) - 1; i >= 0; i-- {
+			h := seg.History[i]
+			if h.Attempt != l.Attempt || (h.State != envelope.StateRetryable && h.State != envelope.StateDeadLetter) {
+				continue
+			}
+			state = h.State
+			if h.Class != "" {
+				class = h.Class
+			}
+			if i == len(seg.History)-1 && seg.State == envelope.StateRetryable && !seg.NextAt.IsZero() {
+				w.addHint(seg.NextAt)
+			}
+			break
 		}
 	}
-	return queue.SegmentStatus{}, false
+	return state, class
 }
 
 // release gives back a lease whose provider call never started.

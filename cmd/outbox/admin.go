@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/outboxhq/outbox/queue"
+)
+
+func init() {
+	register(&command{Name: "doctor", Short: "check that index and logs agree; rebuild the index from the logs when it is lost or corrupt", Run: runDoctor})
+	register(&command{Name: "compact", Short: "prune terminal rows past retention and compact the index file", Run: runCompact})
+	register(&command{Name: "path", Short: "print the append log path of a user (for foreign appenders)", Run: runPath})
+}
+
+func runDoctor(ctx context.Context, e *env, args []string) int {
+	s := newSettings("doctor", e)
+	s.usage("Usage: outbox doctor [--rebuild] [--json]\n\nChecks the store in --data: bbolt's own consistency, every log offset and\nrecord against its index entry, every row against the due and lease indexes.\nWhen the index file is missing or cannot be opened it is rebuilt from the\nlogs (the broken file is kept as index.db.broken-TIME); --rebuild forces that.\nRebuilt rows whose fate is unknown become unresolved, never redelivered\nautomatically. Works through a running serve (check only).\n\nFlags:\n")
+	data := dataFlag(s)
+	rebuild := s.fs.Bool("rebuild", false, "rebuild the index from the logs (stop outbox serve first)")
+	js := s.fs.Bool("json", false, "print the report as JSON")
+	if code, done := s.parse(args); done {
+		return code
+	}
+	if _, err := os.Stat(*data); err != nil {
+		return fail(e, "no data directory %s", *data)
+	}
+	sockUp := socketUp(*data)
+	idx := filepath.Join(*data, queue.IndexFile)
+	_, statErr := os.Stat(idx)
+	var rep *queue.Report
+	var err error
+	switch {
+	case *rebuild && sockUp:
+		return fail(e, "outbox serve is running on %s: stop it before --rebuild", *data)
+	case sockUp:
+		b, closeFn, err2 := openBackend(*data)
+		if err2 != nil {
+			return fail(e, "%v", err2)
+		}
+		defer closeFn()
+		rep, err = b.Check(ctx)
+	case !*rebuild && statErr == nil:
+		rep, err = queue.Check(*data)
+	}
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	broken := rep != nil && !rep.OK() && len(rep.Problems) > 0 && isOpenFailure(rep)
+	if *rebuild || errors.Is(statErr, os.ErrNotExist) || broken {
+		why := "--rebuild"
+		switch {
+		case errors.Is(statErr, os.ErrNotExist):
+			why = "the index file is missing"
+		case broken:
+			why = "the index cannot be read (" + rep.Problems[0] + ")"
+		}
+		fmt.Fprintf(e.Stdout, "rebuilding the index from the logs: %s\n", why)
+		n, err := queue.Rebuild(*data, nil)
+		if err != nil {
+			return fail(e, "rebuild: %v", err)
+		}
+		fmt.Fprintf(e.Stdout, "rebuilt: %d envelopes indexed; rows of unknown fate are unresolved (outbox ls --state unresolved)\n", n)
+		if rep, err = queue.Check(*data); err != nil {
+			return fail(e, "%v", err)
+		}
+	}
+	if *js {
+		printJSON(e, rep)
+	} else {
+		fmt.Fprintf(e.Stdout, "logs %d, envelopes %d, rows %d, quarantined lines %d, unindexed bytes %d\n", rep.Logs, rep.Envelopes, rep.Rows, rep.Quarantined, rep.Unindexed)
+		for _, p := range rep.Problems {
+			fmt.Fprintln(e.Stdout, "problem:", p)
+		}
+	}
+	if !rep.OK() {
+		fmt.Fprintln(e.Stderr, "Error: the store has problems; outbox doctor --rebuild rebuilds the index from the logs")
+		return exitFailure
+	}
+	if !*js {
+		fmt.Fprintln(e.Stdout, "ok")
+	}
+	return exitOK
+}
+
+func isOpenFailure(rep *queue.Report) bool {
+	for _, p := range rep.Problems {
+		if len(p) >= 5 && (p[:5] == "index") {
+			return true
+		}
+	}
+	return false
+}
+
+func socketUp(dir string) bool {
+	b, closeFn, err := openBackend(dir)
+	if err != nil {
+		return false
+	}
+	defer closeFn()
+	_, ok := b.(*socketBackend)
+	return ok
+}
+
+func runCompact(ctx context.Context, e *env, args []string) int {
+	s := newSettings("compact", e)
+	s.usage("Usage: outbox compact\n\nPrunes terminal rows older than the retention period, removes logs left\nempty, and (when outbox serve is not running) rewrites the index file compactly.\n\nFlags:\n")
+	data := dataFlag(s)
+	retention := s.duration("retention", "OUTBOX_RETENTION", queue.DefaultRetention, "how long terminal rows are kept")
+	if code, done := s.parse(args); done {
+		return code
+	}
+	if socketUp(*data) {
+		b, closeFn, err := openBackend(*data)
+		if err != nil {
+			return fail(e, "%v", err)
+		}
+		defer closeFn()
+		n, err := b.Prune(ctx)
+		if err != nil {
+			return fail(e, "%v", err)
+		}
+		fmt.Fprintf(e.Stdout, "pruned %d envelopes (outbox serve is running: stop it to compact the index file)\n", n)
+		return exitOK
+	}
+	q, err := queue.Open(*data, &queue.Options{Retention: *retention, DisableWatcher: true, RescanInterval: -1})
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	n, err := q.Prune(ctx)
+	q.Close()
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	before, after, err := queue.CompactFile(*data)
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	fmt.Fprintf(e.Stdout, "pruned %d envelopes; index %d → %d bytes\n", n, before, after)
+	return exitOK
+}
+
+func runPath(ctx context.Context, e *env, args []string) int {
+	s := newSettings("path", e)
+	s.usage("Usage: outbox path --user USER [--tenant T]\n\nPrints the append log a foreign appender writes to for that user.\n\nFlags:\n")
+	data := dataFlag(s)
+	tenant := tenantFlag(s)
+	user := s.fs.String("user", "", "user id")
+	if code, done := s.parse(args); done {
+		return code
+	}
+	if *user == "" {
+		fmt.Fprintln(e.Stderr, "Error: --user is required")
+		return exitUsage
+	}
+	fmt.Fprintln(e.Stdout, queue.LogPath(*data, *tenant, *user))
+	return exitOK
+}

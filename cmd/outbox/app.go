@@ -1,0 +1,216 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/outboxhq/outbox/channels"
+	"github.com/outboxhq/outbox/channels/resend"
+	"github.com/outboxhq/outbox/channels/sink"
+	"github.com/outboxhq/outbox/channels/telegram"
+	"github.com/outboxhq/outbox/channels/webpush"
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/httpapi"
+	"github.com/outboxhq/outbox/queue/worker"
+	"github.com/outboxhq/outbox/render"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// appConfig is what serve and demo share: how to open the store and which
+// providers to build.
+type appConfig struct {
+	Data         string
+	PublicURL    string
+	NoSink       bool
+	Concurrency  int
+	Lease        time.Duration
+	Backoff      queue.Backoff
+	Retention    time.Duration
+	Rescan       time.Duration
+	Relaxed      bool
+	TemplatesDir string
+	Subscriber   string // VAPID subject
+	EmailFrom    string
+	EmailReplyTo string
+	ResendRate   float64
+	ResendPoll   time.Duration
+	TelegramURL  string
+	Shutdown     time.Duration
+	Logger       *slog.Logger
+	Registry     *prometheus.Registry
+}
+
+// app is the wired delivery stack.
+type app struct {
+	q         *queue.Queue
+	r         *render.Renderer
+	unsub     *httpapi.Unsubscriber
+	providers map[envelope.Channel]channels.Provider
+	sinks     map[envelope.Channel]*sink.Provider
+	w         *worker.Worker
+	poller    *resend.Poller
+	webhook   http.Handler
+	vapidPub  string
+	described []string // "channel: provider" lines for the start-up log
+}
+
+// buildApp opens the store and builds the renderer, the providers whose
+// configuration is present (secrets from the environment only), the sink
+// for every other channel (unless NoSink) and the worker.
+func buildApp(e *env, c appConfig) (*app, error) {
+	var reg prometheus.Registerer
+	if c.Registry != nil {
+		reg = c.Registry
+	}
+	q, err := queue.Open(c.Data, &queue.Options{
+		Logger: c.Logger.With("component", "queue"), Registerer: reg, Backoff: c.Backoff,
+		Retention: c.Retention, RescanInterval: c.Rescan, NoSync: c.Relaxed,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a := &app{q: q, providers: map[envelope.Channel]channels.Provider{}, sinks: map[envelope.Channel]*sink.Provider{}}
+	fail := func(err error) (*app, error) { q.Close(); return nil, err }
+
+	key, err := httpapi.LoadOrCreateKey(c.Data)
+	if err != nil {
+		return fail(fmt.Errorf("unsubscribe key: %w", err))
+	}
+	a.unsub = httpapi.NewUnsubscriber(key, c.PublicURL)
+	ro := &render.Options{UnsubscribeURL: a.unsub.URL, BaseURL: c.PublicURL}
+	if c.TemplatesDir != "" {
+		if _, err := os.Stat(c.TemplatesDir); err != nil {
+			return fail(fmt.Errorf("templates: %w", err))
+		}
+		ro.Overrides = os.DirFS(c.TemplatesDir)
+	}
+	if a.r, err = render.New(ro); err != nil {
+		return fail(err)
+	}
+
+	// Web Push: VAPID keys + subject.
+	keys, err := webpush.KeysFromEnv(e.Getenv)
+	switch {
+	case errors.Is(err, webpush.ErrNoKeys):
+	case err != nil:
+		return fail(err)
+	case c.Subscriber == "":
+		return fail(errors.New("push: VAPID keys are set but --vapid-subject (OUTBOX_VAPID_SUBJECT) is not"))
+	default:
+		p, err := webpush.New(webpush.Options{VAPIDPublicKey: keys.Public, VAPIDPrivateKey: keys.Private, Subscriber: c.Subscriber, Logger: c.Logger})
+		if err != nil {
+			return fail(err)
+		}
+		a.providers[envelope.ChannelPush] = p
+		a.vapidPub = keys.Public
+	}
+
+	// Email: RESEND_API_KEY + from.
+	if apiKey, err := resend.APIKeyFromEnv(e.Getenv); err == nil {
+		if c.EmailFrom == "" {
+			return fail(errors.New("email: RESEND_API_KEY is set but --email-from (OUTBOX_EMAIL_FROM) is not"))
+		}
+		opts := resend.Options{APIKey: resend.APIKey(apiKey), From: c.EmailFrom, ReplyTo: c.EmailReplyTo, Logger: c.Logger}
+		if c.ResendRate > 0 {
+			opts.Rate = rateLimit(c.ResendRate)
+		}
+		p, err := resend.New(opts)
+		if err != nil {
+			return fail(err)
+		}
+		a.providers[envelope.ChannelEmail] = p
+		if c.ResendPoll > 0 {
+			a.poller, err = resend.NewPoller(p, q, resend.PollerOptions{Interval: c.ResendPoll, Cursor: resend.FileCursor(filepath.Join(c.Data, "resend.cursor")), Logger: c.Logger})
+			if err != nil {
+				return fail(err)
+			}
+		}
+		whSecret, err := secret(e, "RESEND_WEBHOOK_SECRET")
+		if err != nil {
+			return fail(err)
+		}
+		if whSecret != "" {
+			if a.webhook, err = resend.NewWebhookHandler(whSecret, q, resend.WebhookOptions{Logger: c.Logger}); err != nil {
+				return fail(err)
+			}
+		}
+	} else if e.Getenv(resend.EnvAPIKey) != "" || e.Getenv(resend.EnvAPIKeyFile) != "" {
+		return fail(err)
+	}
+
+	// Telegram: bot token.
+	tok, err := telegram.TokenFromEnv(e.Getenv)
+	switch {
+	case errors.Is(err, telegram.ErrNoToken):
+	case err != nil:
+		return fail(err)
+	default:
+		p, err := telegram.New(telegram.Options{Token: tok, BaseURL: c.TelegramURL, Logger: c.Logger})
+		if err != nil {
+			return fail(err)
+		}
+		a.providers[envelope.ChannelTelegram] = p
+	}
+
+	for _, ch := range envelope.Channels {
+		if p, ok := a.providers[ch]; ok {
+			a.described = append(a.described, string(ch)+": "+p.Capabilities().Name)
+			continue
+		}
+		if c.NoSink {
+			a.described = append(a.described, string(ch)+": none (rows stay pending)")
+			continue
+		}
+		s, err := sink.New(c.Data, ch, nil)
+		if err != nil {
+			return fail(err)
+		}
+		a.providers[ch] = s
+		a.sinks[ch] = s
+		a.described = append(a.described, string(ch)+": sink ("+filepath.Join(c.Data, "sink", string(ch))+")")
+	}
+	if len(a.providers) == 0 {
+		return fail(errors.New("no provider for any channel: configure one, or drop --no-sink"))
+	}
+	a.w, err = worker.New(worker.Config{
+		Store: q, Providers: a.providers, Renderer: a.r, Concurrency: c.Concurrency,
+		Lease: c.Lease, ShutdownTimeout: c.Shutdown, Logger: c.Logger, Registerer: reg,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	return a, nil
+}
+
+// close stops the worker (if not stopped) and closes the store.
+func (a *app) close() error {
+	if a.w != nil {
+		a.w.Close()
+	}
+	return a.q.Close()
+}
+
+// runPruner prunes terminal rows past retention every interval until ctx ends.
+func runPruner(ctx context.Context, q *queue.Queue, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if n, err := q.Prune(ctx); err != nil {
+				log.Error("prune failed", "operation", "prune", "status", "error")
+			} else if n > 0 {
+				log.Info("pruned", "operation", "prune", "status", "ok", "count", n)
+			}
+		}
+	}
+}

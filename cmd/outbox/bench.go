@@ -1,0 +1,427 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/outboxhq/outbox/channels"
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/worker"
+	"github.com/outboxhq/outbox/render"
+)
+
+func init() {
+	register(&command{Name: "bench", Short: "measure durable enqueue, drain and end-to-end latency on this machine", Run: runBench})
+}
+
+const benchHelp = `Usage: outbox bench [flags]
+
+Runs the phases of the benchmark harness (../shared/bench in the project's
+workspace) on a fresh store each, with 1 KiB envelopes:
+
+  send_p1   1 producer enqueues N envelopes (closed loop)
+  drain_c1  1 worker slot drains them: claim → render → deliver to a no-op
+            provider → fenced commit (the real worker path)
+  send_p16  16 producers, fresh store
+  drain_c4  4 worker slots drain them
+  e2e_c1    a worker waits; 1 producer sends E2E envelopes at RATE/s; latency
+            = provider call time − enqueue start time
+  e2e_c4    the same with 4 worker slots
+
+Durability: every acknowledged enqueue is fsynced to its append log (group
+commit); claims and commits are fsynced bbolt transactions. --relaxed skips
+fsync (not durable against a machine crash).
+
+Flags:
+`
+
+type benchOpts struct {
+	n, e2eN, rate, users, producers, consumers int
+	relaxed                                    bool
+	dir                                        string
+}
+
+func runBench(ctx context.Context, e *env, args []string) int {
+	s := newSettings("bench", e)
+	s.usage(benchHelp)
+	dir := s.fs.String("data", "", "directory for the temporary stores (default the system temp dir)")
+	js := s.fs.Bool("json", false, "print one JSON object with the harness's metric names")
+	var o benchOpts
+	s.fs.IntVar(&o.n, "n", 5000, "envelopes per send/drain phase")
+	s.fs.IntVar(&o.e2eN, "e2e-n", 500, "envelopes per end-to-end phase")
+	s.fs.IntVar(&o.rate, "e2e-rate", 500, "end-to-end send rate per second")
+	s.fs.IntVar(&o.users, "users", 1, "users the envelopes are spread over (one append log each)")
+	s.fs.IntVar(&o.producers, "producers", 16, "producers of send_p16")
+	s.fs.IntVar(&o.consumers, "consumers", 4, "worker slots of drain_c4 and e2e_c4")
+	s.fs.BoolVar(&o.relaxed, "relaxed", false, "relaxed durability (no fsync)")
+	if code, done := s.parse(args); done {
+		return code
+	}
+	o.dir = *dir
+	m, err := benchAll(ctx, o, func(format string, a ...any) {
+		if !*js {
+			fmt.Fprintf(e.Stderr, format, a...)
+		}
+	})
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	if *js {
+		out := map[string]any{
+			"bench": "outbox",
+			"params": map[string]any{"n": o.n, "e2e_n": o.e2eN, "e2e_rate": o.rate, "users": o.users,
+				"producers": o.producers, "consumers": o.consumers, "size": 1024, "durability": durability(o.relaxed)},
+			"metrics": m,
+			"host":    map[string]any{"cpus": runtime.NumCPU(), "go": runtime.Version(), "os": runtime.GOOS, "arch": runtime.GOARCH},
+		}
+		return printJSON(e, out)
+	}
+	fmt.Fprintf(e.Stdout, "outbox bench: %d envelopes of 1 KiB, %d user(s), durability: %s, %d CPUs\n\n", o.n, o.users, durability(o.relaxed), runtime.NumCPU())
+	tw := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "phase\tmsgs/s\tp50 µs\tp99 µs\tCPU µs/msg\t")
+	for _, p := range []string{"send_p1", "drain_c1", "send_p16", "drain_c4", "e2e_c1", "e2e_c4"} {
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.1f\t\n", p, m[p+"_per_s"], m[p+"_p50_us"], m[p+"_p99_us"], m[p+"_cpu_us_per_msg"])
+	}
+	tw.Flush()
+	fmt.Fprintf(e.Stdout, "\nduplicates_n = %.0f\n", m["duplicates_n"])
+	if m["duplicates_n"] != 0 {
+		return exitFailure
+	}
+	return exitOK
+}
+
+func durability(relaxed bool) string {
+	if relaxed {
+		return "relaxed (no fsync)"
+	}
+	return "durable (fsync per group commit)"
+}
+
+// benchProvider is a no-op provider that records when each key arrived.
+type benchProvider struct {
+	mu     sync.Mutex
+	seen   map[envelope.Key]int
+	dups   atomic.Int64
+	count  atomic.Int64
+	notify chan benchHit // e2e: the worker's deliveries, in order
+}
+
+type benchHit struct {
+	key envelope.Key
+	at  time.Time
+}
+
+func newBenchProvider() *benchProvider { return &benchProvider{seen: map[envelope.Key]int{}} }
+
+func (p *benchProvider) Deliver(ctx context.Context, key envelope.Key, msg *envelope.Message) (channels.Receipt, error) {
+	p.mu.Lock()
+	p.seen[key]++
+	if p.seen[key] > 1 {
+		p.dups.Add(1)
+	}
+	p.mu.Unlock()
+	p.count.Add(1)
+	if p.notify != nil {
+		p.notify <- benchHit{key, time.Now()}
+	}
+	return channels.Receipt{ID: "bench"}, nil
+}
+
+func (p *benchProvider) Reconcile(ctx context.Context, key envelope.Key, msg *envelope.Message) (channels.Reconciliation, error) {
+	return channels.Reconciliation{Outcome: channels.Unknown}, nil
+}
+
+func (p *benchProvider) Capabilities() channels.Capabilities {
+	return channels.Capabilities{Name: "bench", Channel: envelope.ChannelTelegram, IdempotentRedelivery: true}
+}
+
+// benchEnvelope is a 1 KiB reply envelope (telegram needs no consent record).
+func benchEnvelope(id string, user int) *envelope.Envelope {
+	payload, _ := json.Marshal(envelope.ReplyPayload{Text: benchText})
+	return &envelope.Envelope{
+		SchemaVersion: envelope.SchemaVersion, ID: id, UserID: "bench-user-" + strconv.Itoa(user),
+		Channel: envelope.ChannelTelegram, Template: envelope.TemplateReply,
+		Recipient: envelope.Recipient{ChatID: "1000" + strconv.Itoa(user)},
+		Payload:   payload, CreatedAt: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC),
+	}
+}
+
+var benchText = strings.Repeat("outbox bench filler text. ", 30)[:750]
+
+type phaseStats map[string]float64
+
+func latStats(m phaseStats, prefix string, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	q := func(f float64) float64 {
+		i := int(math.Ceil(f*float64(len(lat)))) - 1
+		if i < 0 {
+			i = 0
+		}
+		return float64(lat[i].Nanoseconds()) / 1e3
+	}
+	m[prefix+"_p50_us"] = q(0.50)
+	m[prefix+"_p99_us"] = q(0.99)
+	m[prefix+"_max_us"] = float64(lat[len(lat)-1].Nanoseconds()) / 1e3
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+type benchStore struct {
+	q   *queue.Queue
+	dir string
+}
+
+func openBenchStore(o benchOpts) (*benchStore, error) {
+	dir, err := os.MkdirTemp(o.dir, "outbox-bench-")
+	if err != nil {
+		return nil, err
+	}
+	q, err := queue.Open(dir, &queue.Options{
+		NoSync: o.relaxed, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		RescanInterval: -1, DisableWatcher: true,
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return &benchStore{q: q, dir: dir}, nil
+}
+
+func (b *benchStore) close() { b.q.Close(); os.RemoveAll(b.dir) }
+
+// send enqueues n envelopes from producers goroutines (closed loop).
+func benchSend(ctx context.Context, q *queue.Queue, o benchOpts, producers int, prefix string, m phaseStats) error {
+	var next atomic.Int64
+	lats := make([][]time.Duration, producers)
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	cpu0, t0 := cpuTime(), time.Now()
+	for p := 0; p < producers; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= o.n {
+					return
+				}
+				env := benchEnvelope("b-"+strconv.Itoa(i), i%o.users)
+				s := time.Now()
+				if _, err := q.Enqueue(ctx, env); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				lats[p] = append(lats[p], time.Since(s))
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(t0)
+	if err, _ := firstErr.Load().(error); err != nil {
+		return err
+	}
+	var all []time.Duration
+	for _, l := range lats {
+		all = append(all, l...)
+	}
+	m[prefix+"_per_s"] = float64(len(all)) / el.Seconds()
+	m[prefix+"_n"] = float64(len(all))
+	m[prefix+"_cpu_us_per_msg"] = float64((cpuTime() - cpu0).Microseconds()) / float64(len(all))
+	latStats(m, prefix, all)
+	return nil
+}
+
+func benchWorker(q *queue.Queue, p *benchProvider, slots int) (*worker.Worker, error) {
+	r, err := render.New(nil)
+	if err != nil {
+		return nil, err
+	}
+	return worker.New(worker.Config{
+		Store: q, Renderer: r, Concurrency: slots, Lease: time.Minute,
+		Providers: map[envelope.Channel]channels.Provider{envelope.ChannelTelegram: p},
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+}
+
+// benchDrain runs the worker until every envelope was delivered.
+func benchDrain(ctx context.Context, q *queue.Queue, o benchOpts, slots int, prefix string, m phaseStats, dups *float64) error {
+	p := newBenchProvider()
+	w, err := benchWorker(q, p, slots)
+	if err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	cpu0, t0 := cpuTime(), time.Now()
+	go func() { done <- w.Run(runCtx) }()
+	for p.count.Load() < int64(o.n) {
+		select {
+		case <-time.After(time.Millisecond):
+		case <-ctx.Done():
+			stop()
+			<-done
+			return ctx.Err()
+		}
+		if time.Since(t0) > 5*time.Minute {
+			stop()
+			<-done
+			return fmt.Errorf("%s: only %d of %d delivered after 5 minutes", prefix, p.count.Load(), o.n)
+		}
+	}
+	el := time.Since(t0)
+	// Wait until the last commits landed: every row sent.
+	for {
+		c, err := q.Counts(ctx, "")
+		if err != nil {
+			stop()
+			<-done
+			return err
+		}
+		if c.Total(envelope.StateSent) >= o.n {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	el2 := time.Since(t0)
+	stop()
+	<-done
+	w.Close()
+	m[prefix+"_per_s"] = float64(o.n) / el2.Seconds()
+	m[prefix+"_deliver_per_s"] = float64(o.n) / el.Seconds()
+	m[prefix+"_cpu_us_per_msg"] = float64((cpuTime() - cpu0).Microseconds()) / float64(o.n)
+	*dups += float64(p.dups.Load())
+	return nil
+}
+
+// benchE2E measures enqueue → provider call with an idle worker waiting.
+func benchE2E(ctx context.Context, q *queue.Queue, o benchOpts, slots int, prefix string, base int, m phaseStats, dups *float64) error {
+	p := newBenchProvider()
+	p.notify = make(chan benchHit, o.e2eN+16)
+	w, err := benchWorker(q, p, slots)
+	if err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	defer func() { stop(); <-done; w.Close() }()
+	time.Sleep(50 * time.Millisecond) // let the worker go idle
+
+	sent := make([]time.Time, o.e2eN)
+	var mu sync.Mutex
+	var lats []time.Duration
+	recvDone := make(chan struct{})
+	go func() {
+		defer close(recvDone)
+		for i := 0; i < o.e2eN; i++ {
+			select {
+			case h := <-p.notify:
+				n, _ := strconv.Atoi(strings.TrimPrefix(h.key.EnvelopeID, fmt.Sprintf("e%d-", base)))
+				mu.Lock()
+				lats = append(lats, h.at.Sub(sent[n]))
+				mu.Unlock()
+			case <-time.After(30 * time.Second):
+				return
+			}
+		}
+	}()
+	start := time.Now()
+	interval := time.Second / time.Duration(o.rate)
+	for i := 0; i < o.e2eN; i++ {
+		due := start.Add(time.Duration(i) * interval)
+		if d := time.Until(due); d > 0 {
+			time.Sleep(d)
+		}
+		env := benchEnvelope(fmt.Sprintf("e%d-%d", base, i), i%o.users)
+		mu.Lock()
+		sent[i] = time.Now()
+		mu.Unlock()
+		if _, err := q.Enqueue(ctx, env); err != nil {
+			return err
+		}
+	}
+	<-recvDone
+	el := time.Since(start)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lats) < o.e2eN {
+		return fmt.Errorf("%s: %d of %d delivered", prefix, len(lats), o.e2eN)
+	}
+	m[prefix+"_per_s"] = float64(len(lats)) / el.Seconds()
+	latStats(m, prefix, lats)
+	*dups += float64(p.dups.Load())
+	return nil
+}
+
+func benchAll(ctx context.Context, o benchOpts, progress func(string, ...any)) (phaseStats, error) {
+	if o.users < 1 {
+		o.users = 1
+	}
+	if o.rate < 1 {
+		o.rate = 1
+	}
+	m := phaseStats{}
+	var dups float64
+	run := func(name string, fn func() error) error {
+		progress("%-9s ...", name)
+		t := time.Now()
+		if err := fn(); err != nil {
+			progress(" failed\n")
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		progress(" %.1fs\n", time.Since(t).Seconds())
+		return nil
+	}
+	pair := func(producers, slots int, send, drain string) error {
+		st, err := openBenchStore(o)
+		if err != nil {
+			return err
+		}
+		defer st.close()
+		if err := run(send, func() error { return benchSend(ctx, st.q, o, producers, send, m) }); err != nil {
+			return err
+		}
+		return run(drain, func() error { return benchDrain(ctx, st.q, o, slots, drain, m, &dups) })
+	}
+	if err := pair(1, 1, "send_p1", "drain_c1"); err != nil {
+		return nil, err
+	}
+	if err := pair(o.producers, o.consumers, "send_p16", "drain_c4"); err != nil {
+		return nil, err
+	}
+	st, err := openBenchStore(o)
+	if err != nil {
+		return nil, err
+	}
+	defer st.close()
+	if err := run("e2e_c1", func() error { return benchE2E(ctx, st.q, o, 1, "e2e_c1", 1, m, &dups) }); err != nil {
+		return nil, err
+	}
+	if err := run("e2e_c4", func() error { return benchE2E(ctx, st.q, o, o.consumers, "e2e_c4", 4, m, &dups) }); err != nil {
+		return nil, err
+	}
+	m["duplicates_n"] = dups
+	return m, nil
+}

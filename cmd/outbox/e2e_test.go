@@ -1,0 +1,223 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// buildBinary builds cmd/outbox once per test binary run.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the binary; skipped with -short")
+	}
+	bin := filepath.Join(t.TempDir(), "outbox")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("go build: %v", err)
+	}
+	return bin
+}
+
+type daemon struct {
+	cmd  *exec.Cmd
+	base string
+	logs *bytes.Buffer
+}
+
+// startServe runs `outbox serve --addr 127.0.0.1:0` and waits for its
+// "listening on" line.
+func startServe(t *testing.T, bin, data, token string) *daemon {
+	t.Helper()
+	cmd := exec.Command(bin, "serve", "--data", data, "--addr", "127.0.0.1:0", "--lease", "2s")
+	cmd.Env = append(os.Environ(), "INTERNAL_OUTBOX_TOKEN="+token)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{cmd: cmd, logs: &bytes.Buffer{}}
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			d.logs.WriteString(line + "\n")
+			if after, ok := strings.CutPrefix(line, "listening on "); ok {
+				found <- after
+			}
+		}
+	}()
+	select {
+	case d.base = <-found:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("serve did not report listening; logs:\n%s", d.logs)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return d
+}
+
+func (d *daemon) stop(t *testing.T) {
+	t.Helper()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- d.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve exited with %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop on SIGTERM")
+	}
+}
+
+func request(t *testing.T, method, url, token string, body []byte) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, bytes.NewReader(body))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func outbox(t *testing.T, bin string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), code
+}
+
+// eventually re-checks cond until it holds (bounded).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// replyJSON is a telegram reply envelope (no consent needed).
+func replyJSON(id, user string) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"schema_version": "1", "id": id, "user_id": user, "channel": "telegram", "template": "reply-text.v1",
+		"recipient": map[string]any{"chat_id": "424242"}, "payload": map[string]any{"text": "hello from " + id},
+		"created_at": "2026-11-01T00:00:00Z",
+	})
+	return b
+}
+
+func TestE2E_ServeEnqueueOperateRestart(t *testing.T) {
+	bin := buildBinary(t)
+	data := t.TempDir()
+	const token = "e2e-token-CANARY-7c1d"
+	d := startServe(t, bin, data, token)
+
+	// Over HTTP.
+	code, body := request(t, "POST", d.base+"/v1/envelopes", token, replyJSON("http-1", "u1"))
+	if code != http.StatusCreated {
+		t.Fatalf("POST /v1/envelopes = %d %s", code, body)
+	}
+	code, _ = request(t, "POST", d.base+"/v1/envelopes", token, replyJSON("http-1", "u1"))
+	if code != http.StatusOK {
+		t.Fatalf("duplicate POST = %d, want 200", code)
+	}
+	code, _ = request(t, "POST", d.base+"/v1/envelopes", "wrong", replyJSON("http-2", "u1"))
+	if code != http.StatusUnauthorized {
+		t.Fatalf("wrong token = %d, want 401", code)
+	}
+
+	// From another process, by appending to the log.
+	f := filepath.Join(t.TempDir(), "env.json")
+	os.WriteFile(f, replyJSON("cli-1", "u2"), 0o600)
+	if out, code := outbox(t, bin, "enqueue", "--data", data, f); code != 0 || !strings.Contains(out, "queued default/cli-1") {
+		t.Fatalf("outbox enqueue = %d %s", code, out)
+	}
+
+	sent := func(id string) bool {
+		code, b := request(t, "GET", d.base+"/v1/envelopes/"+id, token, nil)
+		return code == 200 && strings.Contains(string(b), `"status":"delivered"`)
+	}
+	eventually(t, "http-1 delivered", func() bool { return sent("http-1") })
+	eventually(t, "cli-1 delivered", func() bool { return sent("cli-1") })
+	files, _ := filepath.Glob(filepath.Join(data, "sink", "telegram", "*.json"))
+	if len(files) != 2 {
+		t.Fatalf("sink has %d telegram messages, want 2", len(files))
+	}
+
+	// Operator commands go through the running daemon.
+	if out, code := outbox(t, bin, "show", "--data", data, "http-1"); code != 0 || !strings.Contains(out, "DELIVERED") {
+		t.Fatalf("outbox show = %d %s", code, out)
+	}
+	if out, code := outbox(t, bin, "ls", "--data", data, "--state", "sent"); code != 0 || !strings.Contains(out, "cli-1") {
+		t.Fatalf("outbox ls = %d %s", code, out)
+	}
+	if out, code := outbox(t, bin, "requeue", "--data", data, "http-1"); code != 1 {
+		t.Fatalf("requeue of a delivered envelope = %d %s, want 1", code, out)
+	}
+	if out, code := outbox(t, bin, "stats", "--data", data); code != 0 || !strings.Contains(out, "sent") {
+		t.Fatalf("outbox stats = %d %s", code, out)
+	}
+
+	// Health and metrics.
+	if code, _ := request(t, "GET", d.base+"/healthz", "", nil); code != 200 {
+		t.Fatalf("healthz = %d", code)
+	}
+	if code, b := request(t, "GET", d.base+"/metrics", "", nil); code != 200 || !strings.Contains(string(b), "outbox_enqueued_total") {
+		t.Fatalf("metrics = %d", code)
+	}
+
+	d.stop(t)
+	if strings.Contains(d.logs.String(), token) {
+		t.Fatal("the token appeared in the daemon's logs")
+	}
+
+	// Restart: state intact; doctor is happy.
+	if out, code := outbox(t, bin, "doctor", "--data", data); code != 0 {
+		t.Fatalf("doctor = %d %s", code, out)
+	}
+	d = startServe(t, bin, data, token)
+	if !sent("http-1") || !sent("cli-1") {
+		t.Fatal("state lost across restart")
+	}
+	d.stop(t)
+	_ = context.Background
+}

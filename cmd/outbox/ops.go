@@ -1,0 +1,483 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+)
+
+// backend is what the operator commands need. It is served by the store
+// opened directly, or, while outbox serve runs, by the daemon over its
+// operator socket.
+type backend interface {
+	List(ctx context.Context, f queue.ListFilter) (*queue.Page, error)
+	Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStatus, error)
+	Requeue(ctx context.Context, tenant, id string) error
+	Resolve(ctx context.Context, tenant, id string, as envelope.State) error
+	Consent(ctx context.Context, tenant, user string) (queue.Consent, error)
+	SetConsent(ctx context.Context, tenant, user string, f queue.ConsentFlags) error
+	Erase(ctx context.Context, tenant, user string) error
+	Counts(ctx context.Context, tenant string) (queue.Counts, error)
+	Quarantined(ctx context.Context) ([]queue.QuarantineRecord, error)
+	Check(ctx context.Context) (*queue.Report, error)
+	Prune(ctx context.Context) (int, error)
+	Close() error
+}
+
+// directBackend serves the commands from a store opened in this process.
+type directBackend struct{ q *queue.Queue }
+
+func (d *directBackend) List(ctx context.Context, f queue.ListFilter) (*queue.Page, error) {
+	return d.q.List(ctx, f)
+}
+func (d *directBackend) Get(ctx context.Context, t, id string) (*queue.EnvelopeStatus, error) {
+	return d.q.Get(ctx, t, id)
+}
+func (d *directBackend) Requeue(ctx context.Context, t, id string) error {
+	return d.q.Requeue(ctx, t, id)
+}
+func (d *directBackend) Resolve(ctx context.Context, t, id string, as envelope.State) error {
+	return d.q.Resolve(ctx, t, id, as)
+}
+func (d *directBackend) Consent(ctx context.Context, t, u string) (queue.Consent, error) {
+	return d.q.Consent(ctx, t, u)
+}
+func (d *directBackend) SetConsent(ctx context.Context, t, u string, f queue.ConsentFlags) error {
+	return d.q.SetConsent(ctx, t, u, f)
+}
+func (d *directBackend) Erase(ctx context.Context, t, u string) error { return d.q.Erase(ctx, t, u) }
+func (d *directBackend) Counts(ctx context.Context, t string) (queue.Counts, error) {
+	return d.q.Counts(ctx, t)
+}
+func (d *directBackend) Quarantined(context.Context) ([]queue.QuarantineRecord, error) {
+	return d.q.Quarantined()
+}
+func (d *directBackend) Check(context.Context) (*queue.Report, error) { return d.q.Check() }
+func (d *directBackend) Prune(ctx context.Context) (int, error)       { return d.q.Prune(ctx) }
+func (d *directBackend) Close() error                                 { return nil }
+
+// opRequest is one call over the operator socket.
+type opRequest struct {
+	Tenant string             `json:"tenant,omitempty"`
+	ID     string             `json:"id,omitempty"`
+	User   string             `json:"user,omitempty"`
+	As     envelope.State     `json:"as,omitempty"`
+	Filter queue.ListFilter   `json:"filter,omitzero"`
+	Flags  queue.ConsentFlags `json:"flags,omitzero"`
+}
+
+type opError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// operatorHandler serves POST /op/<method> on the socket.
+func operatorHandler(b backend) http.Handler {
+	mux := http.NewServeMux()
+	handle := func(name string, fn func(ctx context.Context, r opRequest) (any, error)) {
+		mux.HandleFunc("POST /op/"+name, func(w http.ResponseWriter, req *http.Request) {
+			var r opRequest
+			if err := json.NewDecoder(io.LimitReader(req.Body, 1<<20)).Decode(&r); err != nil {
+				writeOp(w, nil, fmt.Errorf("bad request"))
+				return
+			}
+			v, err := fn(req.Context(), r)
+			writeOp(w, v, err)
+		})
+	}
+	handle("list", func(ctx context.Context, r opRequest) (any, error) { return b.List(ctx, r.Filter) })
+	handle("get", func(ctx context.Context, r opRequest) (any, error) { return b.Get(ctx, r.Tenant, r.ID) })
+	handle("requeue", func(ctx context.Context, r opRequest) (any, error) { return nil, b.Requeue(ctx, r.Tenant, r.ID) })
+	handle("resolve", func(ctx context.Context, r opRequest) (any, error) {
+		return nil, b.Resolve(ctx, r.Tenant, r.ID, r.As)
+	})
+	handle("consent", func(ctx context.Context, r opRequest) (any, error) { return b.Consent(ctx, r.Tenant, r.User) })
+	handle("set-consent", func(ctx context.Context, r opRequest) (any, error) {
+		return nil, b.SetConsent(ctx, r.Tenant, r.User, r.Flags)
+	})
+	handle("erase", func(ctx context.Context, r opRequest) (any, error) { return nil, b.Erase(ctx, r.Tenant, r.User) })
+	handle("counts", func(ctx context.Context, r opRequest) (any, error) { return b.Counts(ctx, r.Tenant) })
+	handle("quarantine", func(ctx context.Context, r opRequest) (any, error) { return b.Quarantined(ctx) })
+	handle("check", func(ctx context.Context, r opRequest) (any, error) { return b.Check(ctx) })
+	handle("prune", func(ctx context.Context, r opRequest) (any, error) { return b.Prune(ctx) })
+	return mux
+}
+
+func writeOp(w http.ResponseWriter, v any, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		code := "failed"
+		switch {
+		case errors.Is(err, queue.ErrNotFound):
+			code = "not_found"
+		case errors.Is(err, queue.ErrInvalidTransition):
+			code = "invalid_transition"
+		}
+		w.WriteHeader(http.StatusConflict)
+		_ = json.NewEncoder(w).Encode(opError{Code: code, Message: err.Error()})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// socketBackend calls a running daemon over its operator socket.
+type socketBackend struct{ c *http.Client }
+
+func (s *socketBackend) call(ctx context.Context, method string, r opRequest, out any) error {
+	body, _ := json.Marshal(r)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://outbox/op/"+method, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	resp, err := s.c.Do(req)
+	if err != nil {
+		return fmt.Errorf("operator socket: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e opError
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		switch e.Code {
+		case "not_found":
+			return queue.ErrNotFound
+		case "invalid_transition":
+			return fmt.Errorf("%w (%s)", queue.ErrInvalidTransition, e.Message)
+		}
+		return errors.New(e.Message)
+	}
+	if out == nil {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func (s *socketBackend) List(ctx context.Context, f queue.ListFilter) (*queue.Page, error) {
+	var p queue.Page
+	return &p, s.call(ctx, "list", opRequest{Filter: f}, &p)
+}
+func (s *socketBackend) Get(ctx context.Context, t, id string) (*queue.EnvelopeStatus, error) {
+	var st queue.EnvelopeStatus
+	return &st, s.call(ctx, "get", opRequest{Tenant: t, ID: id}, &st)
+}
+func (s *socketBackend) Requeue(ctx context.Context, t, id string) error {
+	return s.call(ctx, "requeue", opRequest{Tenant: t, ID: id}, nil)
+}
+func (s *socketBackend) Resolve(ctx context.Context, t, id string, as envelope.State) error {
+	return s.call(ctx, "resolve", opRequest{Tenant: t, ID: id, As: as}, nil)
+}
+func (s *socketBackend) Consent(ctx context.Context, t, u string) (queue.Consent, error) {
+	var c queue.Consent
+	return c, s.call(ctx, "consent", opRequest{Tenant: t, User: u}, &c)
+}
+func (s *socketBackend) SetConsent(ctx context.Context, t, u string, f queue.ConsentFlags) error {
+	return s.call(ctx, "set-consent", opRequest{Tenant: t, User: u, Flags: f}, nil)
+}
+func (s *socketBackend) Erase(ctx context.Context, t, u string) error {
+	return s.call(ctx, "erase", opRequest{Tenant: t, User: u}, nil)
+}
+func (s *socketBackend) Counts(ctx context.Context, t string) (queue.Counts, error) {
+	c := queue.Counts{}
+	return c, s.call(ctx, "counts", opRequest{Tenant: t}, &c)
+}
+func (s *socketBackend) Quarantined(ctx context.Context) ([]queue.QuarantineRecord, error) {
+	var q []queue.QuarantineRecord
+	return q, s.call(ctx, "quarantine", opRequest{}, &q)
+}
+func (s *socketBackend) Check(ctx context.Context) (*queue.Report, error) {
+	var r queue.Report
+	return &r, s.call(ctx, "check", opRequest{}, &r)
+}
+func (s *socketBackend) Prune(ctx context.Context) (int, error) {
+	var n int
+	return n, s.call(ctx, "prune", opRequest{}, &n)
+}
+func (s *socketBackend) Close() error { return nil }
+
+// openBackend reaches the daemon when its socket answers, else opens the
+// store in dir.
+func openBackend(dir string) (backend, func(), error) {
+	path := filepath.Join(dir, SocketName)
+	if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		conn.Close()
+		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}}, Timeout: 30 * time.Second}
+		return &socketBackend{c: c}, func() {}, nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, queue.IndexFile)); err != nil {
+		return nil, nil, fmt.Errorf("no store in %s (run outbox serve or outbox demo first, or pass --data)", dir)
+	}
+	q, err := queue.Open(dir, &queue.Options{DisableWatcher: true, RescanInterval: -1})
+	if err != nil {
+		return nil, nil, err
+	}
+	return &directBackend{q: q}, func() { q.Close() }, nil
+}
+
+// opCommand builds the common shape: flags, then a backend.
+func opCommand(name, short, usage string, fn func(ctx context.Context, e *env, b backend, tenant string, json bool, args []string) int, extra func(s *settings)) *command {
+	return &command{Name: name, Short: short, Run: func(ctx context.Context, e *env, args []string) int {
+		s := newSettings(name, e)
+		s.usage("Usage: outbox " + name + " " + usage + "\n\nWorks through a running outbox serve (its operator socket) or on the store directly.\n\nFlags:\n")
+		data := dataFlag(s)
+		tenant := tenantFlag(s)
+		js := s.fs.Bool("json", false, "print JSON")
+		if extra != nil {
+			extra(s)
+		}
+		if code, done := s.parse(args); done {
+			return code
+		}
+		b, closeFn, err := openBackend(*data)
+		if err != nil {
+			return fail(e, "%v", err)
+		}
+		defer closeFn()
+		return fn(ctx, e, b, *tenant, *js, s.fs.Args())
+	}}
+}
+
+func printJSON(e *env, v any) int {
+	enc := json.NewEncoder(e.Stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fail(e, "%v", err)
+	}
+	return exitOK
+}
+
+func opErr(e *env, err error) int {
+	switch {
+	case errors.Is(err, queue.ErrNotFound):
+		return fail(e, "not found")
+	case errors.Is(err, queue.ErrInvalidTransition):
+		return fail(e, "%v", err)
+	}
+	return fail(e, "%v", err)
+}
+
+func needArgs(e *env, args []string, n int, usage string) bool {
+	if len(args) != n {
+		fmt.Fprintf(e.Stderr, "Error: usage: outbox %s\n", usage)
+		return false
+	}
+	return true
+}
+
+var (
+	lsState, lsChannel *string
+	lsLimit            *int
+	lsQuarantine       *bool
+	resolveAs          *string
+	consentFlags       struct {
+		digest, push, verified *bool
+		cadence                *string
+	}
+	doctorRebuild *bool
+)
+
+func init() {
+	register(opCommand("ls", "list deliveries by state and channel (or --quarantine)", "[--state S] [--channel C] [--quarantine] [--json]",
+		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
+			if *lsQuarantine {
+				qr, err := b.Quarantined(ctx)
+				if err != nil {
+					return opErr(e, err)
+				}
+				if js {
+					return printJSON(e, qr)
+				}
+				tw := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "LOG\tOFFSET\tAT\tREASON")
+				for _, r := range qr {
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", r.Log, r.Offset, r.At.Format(time.RFC3339), r.Reason)
+				}
+				tw.Flush()
+				return exitOK
+			}
+			st := envelope.State(*lsState)
+			if st != "" && !st.Valid() {
+				fmt.Fprintf(e.Stderr, "Error: unknown state %q\n", st)
+				return exitUsage
+			}
+			ch := envelope.Channel(*lsChannel)
+			if ch != "" && !ch.Valid() {
+				fmt.Fprintf(e.Stderr, "Error: unknown channel %q\n", ch)
+				return exitUsage
+			}
+			if tenant == "*" {
+				tenant = ""
+			}
+			p, err := b.List(ctx, queue.ListFilter{Tenant: tenant, State: st, Channel: ch, Limit: *lsLimit})
+			if err != nil {
+				return opErr(e, err)
+			}
+			if js {
+				return printJSON(e, p)
+			}
+			tw := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TENANT\tID\tSEG\tCHANNEL\tSTATE\tATTEMPTS\tCLASS\tUPDATED")
+			for _, r := range p.Rows {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", r.Key.Tenant, r.Key.EnvelopeID, r.Key.Segment, r.Channel, r.State, r.Attempts, dash(string(r.Class)), r.UpdatedAt.Format(time.RFC3339))
+			}
+			tw.Flush()
+			if p.Next != "" {
+				fmt.Fprintln(e.Stderr, "(more rows: raise --limit)")
+			}
+			return exitOK
+		}, func(s *settings) {
+			lsState = s.fs.String("state", "", "only rows in this state")
+			lsChannel = s.fs.String("channel", "", "only rows of this channel")
+			lsLimit = s.fs.Int("limit", 100, "at most this many rows")
+			lsQuarantine = s.fs.Bool("quarantine", false, "list quarantined log lines instead")
+		}))
+	register(opCommand("show", "show one envelope: state, segments, attempt history", "ID [--json]",
+		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
+			if !needArgs(e, args, 1, "show ID") {
+				return exitUsage
+			}
+			st, err := b.Get(ctx, tenant, args[0])
+			if err != nil {
+				return opErr(e, err)
+			}
+			st.Envelope = nil // personal data stays in the store
+			if js {
+				return printJSON(e, st)
+			}
+			fmt.Fprintf(e.Stdout, "%s/%s  %s  %s  %s  enqueued %s\n", st.Tenant, st.ID, st.Channel, st.Template, strings.ToUpper(st.Status), st.EnqueuedAt.Format(time.RFC3339))
+			for _, s := range st.Segments {
+				fmt.Fprintf(e.Stdout, "  segment %d: %s, %d attempt(s)%s\n", s.Index, s.State, s.Attempts, suffix(" class ", string(s.Class)))
+				for _, h := range s.History {
+					fmt.Fprintf(e.Stdout, "    %s  attempt %d → %s%s\n", h.At.Format(time.RFC3339), h.Attempt, h.State, suffix(" ", string(h.Class)))
+				}
+			}
+			return exitOK
+		}, nil))
+	register(opCommand("requeue", "return a dead-lettered, unresolved, expired or suppressed envelope to pending", "ID",
+		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
+			if !needArgs(e, args, 1, "requeue ID") {
+				return exitUsage
+			}
+			if err := b.Requeue(ctx, tenant, args[0]); err != nil {
+				return opErr(e, err)
+			}
+			fmt.Fprintf(e.Stdout, "requeued %s/%s\n", tenant, args[0])
+			return exitOK
+		}, nil))
+	register(opCommand("resolve", "settle an unresolved envelope as sent or retry", "ID --as sent|retry",
+		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
+			if !needArgs(e, args, 1, "resolve ID --as sent|retry") {
+				return exitUsage
+			}
+			as := map[string]envelope.State{"sent": envelope.StateSent, "retry": envelope.StateRetryable, "retryable": envelope.StateRetryable}[*resolveAs]
+			if as == "" {
+				fmt.Fprintln(e.Stderr, "Error: --as must be sent or retry")
+				return exitUsage
+			}
+			if err := b.Resolve(ctx, tenant, args[0], as); err != nil {
+				return opErr(e, err)
+			}
+			fmt.Fprintf(e.Stdout, "resolved %s/%s as %s\n", tenant, args[0], as)
+			return exitOK
+		}, func(s *settings) {
+			resolveAs = s.fs.String("as", "", "sent (the message did go out) or retry (deliver it again)")
+		}))
+	register(opCommand("consent", "show or set a user's consent: consent show USER | consent set USER [--digest] [--push] [--email-verified]", "show|set USER [flags]",
+		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
+			if len(args) != 2 || (args[0] != "show" && args[0] != "set") {
+				fmt.Fprintln(e.Stderr, "Error: usage: outbox consent show|set USER [--digest] [--push] [--email-verified] [--cadence weekly|daily]")
+				return exitUsage
+			}
+			user := args[1]
+			if args[0] == "set" {
+				f := queue.ConsentFlags{DigestEnabled: *consentFlags.digest, PushEnabled: *consentFlags.push, EmailVerified: *consentFlags.verified, Cadence: *consentFlags.cadence}
+				if err := b.SetConsent(ctx, tenant, user, f); err != nil {
+					return opErr(e, err)
+				}
+			}
+			c, err := b.Consent(ctx, tenant, user)
+			if err != nil {
+				return opErr(e, err)
+			}
+			if js {
+				return printJSON(e, c)
+			}
+			fmt.Fprintf(e.Stdout, "digest_enabled=%v push_enabled=%v email_verified=%v cadence=%s\n", c.DigestEnabled, c.PushEnabled, c.EmailVerified, dash(c.Cadence))
+			for _, s := range c.Suppressions {
+				fmt.Fprintf(e.Stdout, "suppressed %s%s: %s since %s\n", s.Channel, suffix(" target ", s.Target), s.Reason, s.At.Format(time.RFC3339))
+			}
+			return exitOK
+		}, func(s *settings) {
+			consentFlags.digest = s.fs.Bool("digest", false, "digest e-mails enabled")
+			consentFlags.push = s.fs.Bool("push", false, "push nudges enabled")
+			consentFlags.verified = s.fs.Bool("email-verified", false, "the e-mail address is verified")
+			consentFlags.cadence = s.fs.String("cadence", "", "weekly or daily")
+		}))
+	register(opCommand("erase", "delete everything stored for a user: log, rows, consent, subscriptions", "USER",
+		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
+			if !needArgs(e, args, 1, "erase USER") {
+				return exitUsage
+			}
+			if err := b.Erase(ctx, tenant, args[0]); err != nil {
+				return opErr(e, err)
+			}
+			fmt.Fprintf(e.Stdout, "erased %s/%s\n", tenant, args[0])
+			return exitOK
+		}, nil))
+	register(opCommand("stats", "row counts by state and channel", "[--json]",
+		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
+			if tenant == "*" {
+				tenant = ""
+			}
+			c, err := b.Counts(ctx, tenant)
+			if err != nil {
+				return opErr(e, err)
+			}
+			if js {
+				return printJSON(e, c)
+			}
+			tw := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprint(tw, "STATE")
+			for _, ch := range envelope.Channels {
+				fmt.Fprintf(tw, "\t%s", ch)
+			}
+			fmt.Fprintln(tw, "\tTOTAL")
+			for _, st := range envelope.States {
+				fmt.Fprint(tw, st)
+				for _, ch := range envelope.Channels {
+					fmt.Fprintf(tw, "\t%d", c[st][ch])
+				}
+				fmt.Fprintf(tw, "\t%d\n", c.Total(st))
+			}
+			tw.Flush()
+			return exitOK
+		}, nil))
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func suffix(prefix, s string) string {
+	if s == "" {
+		return ""
+	}
+	return prefix + s
+}

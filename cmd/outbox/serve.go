@@ -1,0 +1,261 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/httpapi"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/time/rate"
+)
+
+func init() {
+	register(&command{Name: "serve", Short: "run the HTTP seam and the delivery worker", Run: runServe})
+}
+
+// SocketName is the operator socket of a running serve, in the data directory.
+const SocketName = "outbox.sock"
+
+func rateLimit(perSecond float64) rate.Limit { return rate.Limit(perSecond) }
+
+// serveFlags are serve's settings; demo reuses the store and provider ones.
+type serveFlags struct {
+	data, addr, publicURL, templates, subscriber, emailFrom, replyTo, telegramURL, logFormat *string
+	noSink, relaxed                                                                          *bool
+	concurrency, maxAttempts                                                                 *int
+	lease, backoffBase, backoffCap, retention, rescan, shutdown, resendPoll, seamLease       *time.Duration
+	maxBody                                                                                  *int
+	resendRate                                                                               *int
+}
+
+func addServeFlags(s *settings) *serveFlags {
+	f := &serveFlags{}
+	f.data = dataFlag(s)
+	f.addr = s.str("addr", "OUTBOX_ADDR", "127.0.0.1:8080", "HTTP listen address (port 0 picks a free one)")
+	f.publicURL = s.str("public-url", "OUTBOX_PUBLIC_URL", "", "public base URL for unsubscribe links (default: the listen address)")
+	f.noSink = s.boolean("no-sink", "OUTBOX_NO_SINK", false, "leave channels without a provider pending instead of writing them to the sink")
+	f.concurrency = s.integer("concurrency", "OUTBOX_CONCURRENCY", 4, "provider calls in flight")
+	f.lease = s.duration("lease", "OUTBOX_LEASE", 30*time.Second, "lease of a claimed delivery")
+	f.maxAttempts = s.integer("max-attempts", "OUTBOX_MAX_ATTEMPTS", queue.DefaultMaxAttempts, "attempts before dead_letter")
+	f.backoffBase = s.duration("backoff-base", "OUTBOX_BACKOFF_BASE", queue.DefaultBackoffBase, "first retry delay")
+	f.backoffCap = s.duration("backoff-cap", "OUTBOX_BACKOFF_CAP", queue.DefaultBackoffCap, "longest retry delay")
+	f.retention = s.duration("retention", "OUTBOX_RETENTION", queue.DefaultRetention, "how long terminal rows are kept")
+	f.rescan = s.duration("rescan", "OUTBOX_RESCAN_INTERVAL", queue.DefaultRescanInterval, "how often every log is rescanned for missed appends")
+	f.relaxed = s.boolean("relaxed-durability", "OUTBOX_RELAXED_DURABILITY", false, "skip fsync (a machine crash can lose acknowledged envelopes)")
+	f.templates = s.str("templates", "OUTBOX_TEMPLATES", "", "directory of template overrides")
+	f.subscriber = s.str("vapid-subject", "OUTBOX_VAPID_SUBJECT", "", "VAPID contact: an e-mail address or https URL (push)")
+	f.emailFrom = s.str("email-from", "OUTBOX_EMAIL_FROM", "", "sender address of e-mails (Resend)")
+	f.replyTo = s.str("email-reply-to", "OUTBOX_EMAIL_REPLY_TO", "", "Reply-To of e-mails")
+	f.resendRate = s.integer("resend-rate", "OUTBOX_RESEND_RATE", 2, "Resend requests per second (per team)")
+	f.resendPoll = s.duration("resend-poll", "OUTBOX_RESEND_POLL_INTERVAL", 5*time.Minute, "how often bounces/complaints are polled from Resend (0 = off)")
+	f.telegramURL = s.str("telegram-api", "OUTBOX_TELEGRAM_API", "https://api.telegram.org", "Telegram Bot API base URL")
+	f.shutdown = s.duration("shutdown-timeout", "OUTBOX_SHUTDOWN_TIMEOUT", 10*time.Second, "bound on draining in-flight deliveries at shutdown")
+	f.maxBody = s.integer("max-body", "OUTBOX_MAX_BODY", 1<<20, "largest request body in bytes")
+	f.seamLease = s.duration("seam-lease", "OUTBOX_SEAM_LEASE", 5*time.Minute, "lease of envelopes handed out by /internal/outbox/pending")
+	f.logFormat = s.str("log-format", "OUTBOX_LOG_FORMAT", "text", "log format: text or json")
+	return f
+}
+
+func (f *serveFlags) appConfig(log *slog.Logger, reg *prometheus.Registry, publicURL string) appConfig {
+	return appConfig{
+		Data: *f.data, PublicURL: publicURL, NoSink: *f.noSink, Concurrency: *f.concurrency, Lease: *f.lease,
+		Backoff:   queue.Backoff{Base: *f.backoffBase, Cap: *f.backoffCap, MaxAttempts: *f.maxAttempts},
+		Retention: *f.retention, Rescan: *f.rescan, Relaxed: *f.relaxed, TemplatesDir: *f.templates,
+		Subscriber: *f.subscriber, EmailFrom: *f.emailFrom, EmailReplyTo: *f.replyTo,
+		ResendRate: float64(*f.resendRate), ResendPoll: *f.resendPoll, TelegramURL: *f.telegramURL,
+		Shutdown: *f.shutdown, Logger: log, Registry: reg,
+	}
+}
+
+func newLogger(e *env, format string) *slog.Logger {
+	var h slog.Handler
+	if format == "json" {
+		h = slog.NewJSONHandler(e.Stderr, nil)
+	} else {
+		h = slog.NewTextHandler(e.Stderr, nil)
+	}
+	return slog.New(h)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+const serveHelp = `Usage: outbox serve [flags]
+
+Runs the HTTP seam (POST /v1/envelopes, the /internal/outbox seam, consent,
+unsubscribe, push subscriptions, /metrics, /healthz, /readyz) and the
+delivery worker on the store in --data. Providers start when their
+configuration is present; channels without one go to the sink (files under
+DATA/sink) unless --no-sink.
+
+Secrets come only from the environment (or NAME_FILE paths), never flags:
+  INTERNAL_OUTBOX_TOKEN      bearer token for /v1 and /internal (required off loopback)
+  OUTBOX_VAPID_PUBLIC_KEY, OUTBOX_VAPID_PRIVATE_KEY   Web Push (with --vapid-subject)
+  RESEND_API_KEY             email (with --email-from); RESEND_WEBHOOK_SECRET for /webhooks/resend
+  OUTBOX_TELEGRAM_TOKEN      telegram
+
+Flags:
+`
+
+func runServe(ctx context.Context, e *env, args []string) int {
+	s := newSettings("serve", e)
+	s.usage(serveHelp)
+	f := addServeFlags(s)
+	if code, done := s.parse(args); done {
+		return code
+	}
+	log := newLogger(e, *f.logFormat)
+	token, err := secret(e, "INTERNAL_OUTBOX_TOKEN")
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	host, _, err := net.SplitHostPort(*f.addr)
+	if err != nil {
+		fmt.Fprintf(e.Stderr, "Error: --addr %q is not host:port\n", *f.addr)
+		return exitUsage
+	}
+	if token == "" {
+		if !isLoopback(host) {
+			return fail(e, "refusing to listen on %s without INTERNAL_OUTBOX_TOKEN: set it (or INTERNAL_OUTBOX_TOKEN_FILE), or listen on 127.0.0.1", *f.addr)
+		}
+		log.Warn("INTERNAL_OUTBOX_TOKEN is not set: /v1 and /internal are not served", "operation", "serve", "status", "degraded")
+	}
+	ln, err := net.Listen("tcp", *f.addr)
+	if err != nil {
+		return fail(e, "listen: %v", err)
+	}
+	defer ln.Close()
+	public := strings.TrimRight(*f.publicURL, "/")
+	if public == "" {
+		public = "http://" + ln.Addr().String()
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a, err := buildApp(e, f.appConfig(log, reg, public))
+	if err != nil {
+		var inUse *queue.StoreInUseError
+		if errors.As(err, &inUse) {
+			return fail(e, "%v", err)
+		}
+		return fail(e, "%v", err)
+	}
+	defer a.close()
+	for _, d := range a.described {
+		log.Info("channel "+d, "operation", "serve")
+	}
+
+	api, err := httpapi.New(httpapi.Config{
+		Store: a.q, Token: token, MaxBody: int64(*f.maxBody), Logger: log, Unsub: a.unsub,
+		VAPIDPublicKey: a.vapidPub, SeamLease: *f.seamLease,
+		Ready: func() bool { return true },
+	})
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if a.webhook != nil {
+		mux.Handle("POST /webhooks/resend", a.webhook)
+	}
+	mux.Handle("/", api)
+	srv := newHTTPServer(mux)
+
+	// The operator socket: the operator commands, trusted by file permissions.
+	sock, err := listenOperator(*f.data)
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	defer os.Remove(filepath.Join(*f.data, SocketName))
+	opSrv := newHTTPServer(operatorHandler(&directBackend{q: a.q}))
+
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	workerDone := make(chan error, 1)
+	go func() { workerDone <- a.w.Run(runCtx) }()
+	if a.poller != nil {
+		go func() { _ = a.poller.Run(runCtx) }()
+	}
+	go runPruner(runCtx, a.q, time.Hour, log)
+	srvErr := make(chan error, 2)
+	go func() { srvErr <- srv.Serve(ln) }()
+	go func() { srvErr <- opSrv.Serve(sock) }()
+	fmt.Fprintf(e.Stderr, "listening on http://%s\n", ln.Addr())
+
+	select {
+	case <-ctx.Done():
+	case err := <-srvErr:
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server failed", "operation", "serve", "status", "error")
+			return exitFailure
+		}
+	}
+	// A second signal exits at once.
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(again)
+	go func() {
+		<-again
+		fmt.Fprintln(e.Stderr, "second signal: exiting now")
+		os.Exit(exitFailure)
+	}()
+	log.Info("shutting down", "operation", "serve", "status", "stopping")
+	shCtx, cancel := context.WithTimeout(context.Background(), *f.shutdown)
+	defer cancel()
+	_ = srv.Shutdown(shCtx)
+	_ = opSrv.Shutdown(shCtx)
+	stopRun()
+	code := exitOK
+	if err := <-workerDone; err != nil && !errors.Is(err, context.Canceled) {
+		log.Warn("worker stopped with in-flight deliveries left for reconciliation", "operation", "serve", "status", "timeout")
+	}
+	if err := a.close(); err != nil {
+		log.Error("close store failed", "operation", "serve", "status", "error")
+		code = exitFailure
+	}
+	log.Info("stopped", "operation", "serve", "status", "ok")
+	return code
+}
+
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+}
+
+// listenOperator listens on DATA/outbox.sock with mode 0600: only the data
+// directory's owner can connect, which is the socket's authentication.
+func listenOperator(dir string) (net.Listener, error) {
+	path := filepath.Join(dir, SocketName)
+	_ = os.Remove(path)
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("operator socket: %w", err)
+	}
+	return ln, os.Chmod(path, 0o600)
+}
