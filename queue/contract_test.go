@@ -34,4 +34,3 @@ func TestQueue_Contract(t *testing.T) {
 		},
 	})
 }
-

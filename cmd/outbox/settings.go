@@ -27,7 +27,7 @@ func (s *settings) usage(h string) {
 }
 
 func (s *settings) str(name, envName, def, help string) *string {
-	return s.fs.String(name, envOr(s.e, envName, def), fmt.Sprintf("%s (env %s, default %q)", help, envName, def))
+	return s.fs.String(name, envOr(s.e, envName, def), fmt.Sprintf("%s (env %s)", help, envName))
 }
 
 func (s *settings) boolean(name, envName string, def bool, help string) *bool {
@@ -39,7 +39,7 @@ func (s *settings) boolean(name, envName string, def bool, help string) *bool {
 		}
 		v = b
 	}
-	return s.fs.Bool(name, v, fmt.Sprintf("%s (env %s, default %v)", help, envName, def))
+	return s.fs.Bool(name, v, fmt.Sprintf("%s (env %s)", help, envName))
 }
 
 func (s *settings) integer(name, envName string, def int, help string) *int {
@@ -51,7 +51,7 @@ func (s *settings) integer(name, envName string, def int, help string) *int {
 		}
 		v = n
 	}
-	return s.fs.Int(name, v, fmt.Sprintf("%s (env %s, default %d)", help, envName, def))
+	return s.fs.Int(name, v, fmt.Sprintf("%s (env %s)", help, envName))
 }
 
 func (s *settings) duration(name, envName string, def time.Duration, help string) *time.Duration {
@@ -63,7 +63,7 @@ func (s *settings) duration(name, envName string, def time.Duration, help string
 		}
 		v = d
 	}
-	return s.fs.Duration(name, v, fmt.Sprintf("%s (env %s, default %s)", help, envName, def))
+	return s.fs.Duration(name, v, fmt.Sprintf("%s (env %s)", help, envName))
 }
 
 // parse parses args; it reports environment errors as usage errors.

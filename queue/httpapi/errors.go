@@ -59,6 +59,7 @@ var (
 	errBadJSON      = newError(http.StatusBadRequest, CodeBadJSON, "request body is not valid JSON of the expected shape")
 	errBadCursor    = badRequest("invalid cursor")
 	errNoLease      = newError(http.StatusConflict, CodeLeaseLost, "no lease is held for this envelope (it expired or the service restarted): fetch /internal/outbox/pending again")
+	errStaleFence   = newError(http.StatusConflict, CodeStaleFence, "the fence no longer holds the envelope")
 	errWantJSON     = newError(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "request body must be application/json")
 )
 
@@ -95,7 +96,7 @@ func errorFor(err error) (*apiError, bool) {
 	case errors.Is(err, queue.ErrInvalidTransition):
 		return newError(http.StatusConflict, CodeInvalidTransition, "the action does not apply to the envelope's current state"), false
 	case errors.Is(err, queue.ErrStaleFence):
-		return newError(http.StatusConflict, CodeStaleFence, "the fence no longer holds the envelope"), false
+		return errStaleFence, false
 	case errors.Is(err, queue.ErrLeaseLost):
 		return errNoLease, false
 	case errors.Is(err, queue.ErrCrossTenant):

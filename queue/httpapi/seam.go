@@ -190,10 +190,11 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) error {
 	}
 	l := a.leases.get(tenantOr(tenant), id)
 	if l == nil {
-		return errNoLease
+		// A concurrent status may have just committed and dropped it.
+		return a.noopIfSettled(w, r, tenant, id, errNoLease)
 	}
 	if req.Fence != nil && *req.Fence != l.Fence {
-		return newError(http.StatusConflict, CodeStaleFence, "the fence given is not the one of the current lease")
+		return a.noopIfSettled(w, r, tenant, id, errStaleFence)
 	}
 	out, err := outcomeFor(&req, st.Channel)
 	if err != nil {
@@ -215,9 +216,9 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) error {
 			writeJSON(w, http.StatusOK, StatusReply{Status: st.Status, Noop: true})
 			return nil
 		case len(st.Segments) > 0 && st.Segments[0].State == envelope.StateSending:
-			return queue.ErrStaleFence
+			return errStaleFence
 		}
-		return queue.ErrLeaseLost
+		return errNoLease
 	}
 	a.leases.drop(l)
 	st, err = a.cfg.Store.Get(ctx, tenant, id)
@@ -226,6 +227,20 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, StatusReply{Status: st.Status})
 	return nil
+}
+
+// noopIfSettled answers the 200 no-op when the envelope is settled by now
+// (a concurrent status won), and returns err otherwise.
+func (a *api) noopIfSettled(w http.ResponseWriter, r *http.Request, tenant, id string, err error) error {
+	st, gerr := a.cfg.Store.Get(r.Context(), tenant, id)
+	if gerr != nil {
+		return gerr
+	}
+	if settled(st) {
+		writeJSON(w, http.StatusOK, StatusReply{Status: st.Status, Noop: true})
+		return nil
+	}
+	return err
 }
 
 // settled reports whether an envelope is delivered or in a terminal state.
