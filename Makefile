@@ -53,3 +53,7 @@ preview: ## render every golden fixture into ./preview/ (open preview/index.html
 .PHONY: e2e
 e2e: ## opt-in tests against the real services (OUTBOX_E2E_* variables; skipped otherwise)
 	$(GO) test -count=1 -run E2E -v ./channels/...
+
+.PHONY: drill
+drill: ## the long kill drill: SIGKILL outbox serve 50 times under load, then check nothing was lost or sent twice
+	OUTBOX_DRILL_KILLS=$${KILLS:-50} $(GO) test -count=1 -timeout 30m -run 'TestDrill_Kill$$' -v ./cmd/outbox/

@@ -30,6 +30,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/outboxhq/outbox/channels"
@@ -56,6 +57,10 @@ type Options struct {
 	// Now returns the time written as the Date of the .eml files (default
 	// time.Now).
 	Now func() time.Time
+	// Journal, when set, appends one line per Deliver call (the key's hash)
+	// to <data>/sink/<channel>.journal after the message is written. The
+	// kill drill counts it to prove that no key was delivered twice.
+	Journal bool
 }
 
 // Provider writes the messages of one channel into the data directory.
@@ -67,6 +72,8 @@ type Provider struct {
 	ext     string
 	from    string
 	now     func() time.Time
+	journal bool
+	jmu     sync.Mutex
 }
 
 // New returns the sink for channel ch writing under the data directory
@@ -97,6 +104,7 @@ func New(dataDir string, ch envelope.Channel, opts *Options) (*Provider, error) 
 		if opts.Now != nil {
 			p.now = opts.Now
 		}
+		p.journal = opts.Journal
 	}
 	return p, nil
 }
@@ -132,6 +140,11 @@ func (p *Provider) Deliver(ctx context.Context, key envelope.Key, msg *envelope.
 	}
 	if err := writeAtomic(p.dir, p.name(key), data); err != nil {
 		return channels.Receipt{}, envelope.Retryable(envelope.ClassProviderUnavailable, err)
+	}
+	if p.journal {
+		if err := p.appendJournal(key); err != nil {
+			return channels.Receipt{}, envelope.Retryable(envelope.ClassProviderUnavailable, err)
+		}
 	}
 	return channels.Receipt{ID: p.name(key)}, nil
 }
@@ -309,4 +322,21 @@ func syncDir(dir string) error {
 		return err
 	}
 	return d.Close()
+}
+
+// JournalPath is the file Options.Journal appends to.
+func (p *Provider) JournalPath() string { return p.dir + ".journal" }
+
+func (p *Provider) appendJournal(key envelope.Key) error {
+	p.jmu.Lock()
+	defer p.jmu.Unlock()
+	f, err := os.OpenFile(p.JournalPath(), os.O_WRONLY|os.O_APPEND|os.O_CREATE, filePerm)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.WriteString(key.Hash() + "\n"); err != nil {
+		return err
+	}
+	return f.Sync()
 }

@@ -533,3 +533,25 @@ func TestProvider_Conformance(t *testing.T) {
 		})
 	}
 }
+
+func TestSink_Journal(t *testing.T) {
+	dir := t.TempDir()
+	p, err := sink.New(dir, envelope.ChannelTelegram, &sink.Options{Journal: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := envelope.Key{Tenant: "t", EnvelopeID: "id", Segment: 0}
+	msg := &envelope.Message{Channel: envelope.ChannelTelegram, Chat: &envelope.ChatMessage{ChatID: "1", Text: "x", Segments: 1}}
+	for i := 0; i < 2; i++ {
+		if _, err := p.Deliver(context.Background(), key, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(p.JournalPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := key.Hash() + "\n" + key.Hash() + "\n"; string(b) != want {
+		t.Fatalf("journal = %q", b)
+	}
+}

@@ -43,6 +43,7 @@ type appConfig struct {
 	ResendPoll   time.Duration
 	TelegramURL  string
 	Shutdown     time.Duration
+	SinkJournal  bool
 	Logger       *slog.Logger
 	Registry     *prometheus.Registry
 }
@@ -168,7 +169,7 @@ func buildApp(e *env, c appConfig) (*app, error) {
 			a.described = append(a.described, string(ch)+": none (rows stay pending)")
 			continue
 		}
-		s, err := sink.New(c.Data, ch, nil)
+		s, err := sink.New(c.Data, ch, &sink.Options{Journal: c.SinkJournal})
 		if err != nil {
 			return fail(err)
 		}

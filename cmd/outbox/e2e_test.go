@@ -221,3 +221,5 @@ func TestE2E_ServeEnqueueOperateRestart(t *testing.T) {
 	d.stop(t)
 	_ = context.Background
 }
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

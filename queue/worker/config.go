@@ -83,7 +83,9 @@ var (
 	// ErrRunning is returned by Run when the worker is already running.
 	ErrRunning = errors.New("worker: already running")
 	// ErrShutdownTimeout is returned by Run when provider calls were still
-	// running ShutdownTimeout after its context was cancelled.
+	// running ShutdownTimeout after its context was cancelled (a provider
+	// that ignores its context). Those calls go on in the background; their
+	// rows stay sending and are reconciled once their leases expire.
 	ErrShutdownTimeout = errors.New("worker: provider calls still running after the shutdown timeout")
 )
 

@@ -37,17 +37,16 @@ const depthRefresh = 5 * time.Second
 // metrics holds the worker's collectors. Labels are only channel, outcome,
 // class, result and state: never a tenant, user or id.
 type metrics struct {
-	claims         *prometheus.CounterVec   // channel
-	deliveries     *prometheus.CounterVec   // channel, outcome
-	retries        *prometheus.CounterVec   // channel, class
-	deadLetters    *prometheus.CounterVec   // channel, class
-	recoveries     *prometheus.CounterVec   // result
-	latency        *prometheus.HistogramVec // channel
-	providerCall   *prometheus.HistogramVec // channel, outcome
-	panics         *prometheus.CounterVec   // channel
-	unconfigured   *prometheus.GaugeVec     // channel
-	depth          *depthCollector          // state
-	registerFailed error
+	claims       *prometheus.CounterVec   // channel
+	deliveries   *prometheus.CounterVec   // channel, outcome
+	retries      *prometheus.CounterVec   // channel, class
+	deadLetters  *prometheus.CounterVec   // channel, class
+	recoveries   *prometheus.CounterVec   // result
+	latency      *prometheus.HistogramVec // channel
+	providerCall *prometheus.HistogramVec // channel, outcome
+	panics       *prometheus.CounterVec   // channel
+	unconfigured *prometheus.GaugeVec     // channel
+	depth        *depthCollector          // state
 }
 
 func newMetrics(reg prometheus.Registerer, depth func(context.Context) (queue.Counts, error)) (*metrics, error) {

@@ -178,7 +178,11 @@ func TestWorker_Redaction(t *testing.T) {
 			for e := range want {
 				t.Logf("%s: %+v", e.ID[:4], segment(t, te.store, keyOf(e, 0)))
 			}
-			r.mu.Lock(); for _, ev := range r.events { t.Logf("event %s %s %+v", ev.op, ev.key.EnvelopeID[:6], ev.r) }; r.mu.Unlock(); t.Log(logs.String())
+			r.mu.Lock()
+			for _, ev := range r.events {
+				t.Logf("task %s %s: %+v", ev.op, ev.key.EnvelopeID[:8], ev.r)
+			}
+			r.mu.Unlock()
 			t.Fatal("the scenario did not settle")
 		}
 		r.advance(t, te.clock, time.Minute)
@@ -264,12 +268,12 @@ func TestWorker_Redaction(t *testing.T) {
 			if !allowedAttrs[a.Key] {
 				t.Errorf("span %s has attribute %s", s.Name(), a.Key)
 			}
-			text.WriteString(" " + a.Value.Emit())
+			text.WriteString(" " + a.Value.String())
 		}
 		for _, ev := range s.Events() {
 			text.WriteString(" " + ev.Name)
 			for _, a := range ev.Attributes {
-				text.WriteString(" " + string(a.Key) + "=" + a.Value.Emit())
+				text.WriteString(" " + string(a.Key) + "=" + a.Value.String())
 			}
 		}
 		if found := cn.find(text.String()); len(found) > 0 {
