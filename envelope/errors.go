@@ -40,6 +40,7 @@ const (
 	ClassReconcileRejected   ErrorClass = "reconcile_rejected"
 	ClassOperator            ErrorClass = "operator"
 	ClassIndexRebuilt        ErrorClass = "index_rebuilt"
+	ClassRecordLost          ErrorClass = "record_lost"
 	ClassUnknown             ErrorClass = "unknown"
 )
 

@@ -26,6 +26,11 @@ func (q *Queue) Claim(ctx context.Context, req ClaimRequest) ([]*Lease, error) {
 	if limit <= 0 {
 		limit = 1
 	}
+	// Most claims of an idle worker find nothing: look in a read
+	// transaction first, so that they cost no write (and no fsync).
+	if due, err := q.anyDue(req); err != nil || !due {
+		return nil, err
+	}
 	var out []claimed
 	err := q.write(ctx, false, func(tx *bolt.Tx) error {
 		out = out[:0]
@@ -124,7 +129,15 @@ func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, r
 	// address or subscription), so read the record.
 	env, err := q.readEnvelope(e)
 	if err != nil {
-		return nil, nil, err
+		// The log (or its record) is gone: this row can never be sent.
+		// Dead-letter it instead of failing every claim behind it.
+		q.log.Error("envelope record unreadable; row dead-lettered", "operation", "claim", "status", "error", "error_class", string(envelope.ClassRecordLost))
+		r.State, r.Class, r.Due, r.Updated = envelope.StateDeadLetter, envelope.ClassRecordLost, 0, nowN
+		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: r.State, Class: r.Class})
+		if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+			return nil, nil, err
+		}
+		return nil, nil, settleRest(tx, ek, e, seg, envelope.StateDeadLetter, envelope.ClassRecordLost, now)
 	}
 	if allowed, why := ca.c.Allows(ca.found, env); !allowed {
 		r.State, r.Class, r.Due, r.Updated = envelope.StateSuppressed, why, 0, nowN
@@ -401,6 +414,9 @@ func (q *Queue) Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error)
 	if limit <= 0 {
 		limit = 1
 	}
+	if expired, err := q.anyLeaseExpired(); err != nil || !expired {
+		return nil, err
+	}
 	var out []claimed
 	wake := false
 	err := q.write(ctx, false, func(tx *bolt.Tx) error {
@@ -505,4 +521,29 @@ func (q *Queue) NextDue(ctx context.Context) (time.Time, error) {
 		return nil
 	})
 	return fromNano(min), err
+}
+
+// anyDue reports whether a row matching req is due now (read only).
+func (q *Queue) anyDue(req ClaimRequest) (bool, error) {
+	found := false
+	err := q.view(func(tx *bolt.Tx) error {
+		nowN := q.opts.Now().UnixNano()
+		return q.dueBuckets(tx, req.Tenant, req.Channels, func(_ []byte, b *bolt.Bucket) {
+			if k, _ := b.Cursor().First(); k != nil && int64(beUint64(k[:8])) <= nowN {
+				found = true
+			}
+		})
+	})
+	return found, err
+}
+
+// anyLeaseExpired reports whether some lease has expired (read only).
+func (q *Queue) anyLeaseExpired() (bool, error) {
+	found := false
+	err := q.view(func(tx *bolt.Tx) error {
+		k, _ := tx.Bucket(bktLeases).Cursor().First()
+		found = k != nil && int64(beUint64(k[:8])) <= q.opts.Now().UnixNano()
+		return nil
+	})
+	return found, err
 }

@@ -72,15 +72,13 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 			ek:   envKey(e.TenantID, e.ID),
 			rel:  applog.RelPath(e.TenantID, e.UserID),
 			line: append(line, '\n'),
+			segs: Segments(e),
 		}
 	}
 
 	// Consent and duplicates, then reserve the new keys against
 	// concurrent enqueues of the same ids.
-	if err := q.checkConsent(ctx, items); err != nil {
-		return nil, err
-	}
-	reserved, err := q.reserve(items)
+	reserved, err := q.reserve(ctx, items)
 	defer q.unreserve(reserved)
 	if err != nil {
 		return nil, err
@@ -173,19 +171,18 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 	return res, nil
 }
 
-func (q *Queue) checkConsent(ctx context.Context, items []*prepared) error {
-	return q.view(func(tx *bolt.Tx) error {
-		for i, it := range items {
-			c, found, err := q.consentFor(ctx, tx, it.env.TenantID, it.env.UserID)
-			if err != nil {
-				return fmt.Errorf("enqueue: consent: %w", err)
-			}
-			if ok, class := c.Allows(found, it.env); !ok {
-				return &EnqueueError{Index: i, Tenant: it.env.TenantID, ID: it.env.ID, Reason: class, Err: ErrConsentDenied}
-			}
+// checkConsent refuses the call when current consent forbids an envelope.
+func (q *Queue) checkConsent(ctx context.Context, tx *bolt.Tx, items []*prepared) error {
+	for i, it := range items {
+		c, found, err := q.consentFor(ctx, tx, it.env.TenantID, it.env.UserID)
+		if err != nil {
+			return fmt.Errorf("enqueue: consent: %w", err)
 		}
-		return nil
-	})
+		if ok, class := c.Allows(found, it.env); !ok {
+			return &EnqueueError{Index: i, Tenant: it.env.TenantID, ID: it.env.ID, Reason: class, Err: ErrConsentDenied}
+		}
+	}
+	return nil
 }
 
 // consentFor reads current consent from the configured source or the store.
@@ -196,11 +193,14 @@ func (q *Queue) consentFor(ctx context.Context, tx *bolt.Tx, tenant, user string
 	return getConsent(tx, tenant, user)
 }
 
-// reserve marks duplicates and reserves the new keys; it returns the keys
-// reserved (to release after indexing).
-func (q *Queue) reserve(items []*prepared) ([]string, error) {
+// reserve checks consent, marks duplicates and reserves the new keys; it
+// returns the keys reserved (to release after indexing).
+func (q *Queue) reserve(ctx context.Context, items []*prepared) ([]string, error) {
 	seen := map[string]bool{}
 	err := q.view(func(tx *bolt.Tx) error {
+		if err := q.checkConsent(ctx, tx, items); err != nil {
+			return err
+		}
 		b := tx.Bucket(bktEnv)
 		for _, it := range items {
 			k := string(it.ek)
@@ -392,7 +392,11 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known map[string]*prepared) err
 			}
 			env = e
 		}
-		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, now, known[key] != nil)
+		segs := 0
+		if p := known[key]; p != nil {
+			segs = p.segs
+		}
+		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, segs, now, known[key] != nil)
 		if err != nil {
 			return err
 		}
@@ -406,12 +410,14 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known map[string]*prepared) err
 // indexRecord creates the env entry and rows of one record unless its
 // (tenant, id) exists. Records from other processes that current consent
 // forbids are stored as suppressed.
-func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *envelope.Envelope, now time.Time, checked bool) (bool, error) {
+func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *envelope.Envelope, segs int, now time.Time, checked bool) (bool, error) {
 	ek := envKey(env.TenantID, env.ID)
 	if tx.Bucket(bktEnv).Get(ek) != nil {
 		return false, nil
 	}
-	segs := Segments(env)
+	if segs <= 0 {
+		segs = Segments(env)
+	}
 	rec := &envRec{
 		User: env.UserID, Channel: env.Channel, Template: env.Template,
 		Log: rel, Off: off, Len: n, Segs: segs,

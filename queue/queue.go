@@ -34,6 +34,11 @@ type Queue struct {
 	ops    chan *op
 	notify chan struct{}
 
+	// beforeCommit, set only by tests, runs inside every write transaction
+	// after its ops: an error fails the transaction (a full disk, an I/O
+	// error during the bbolt commit).
+	beforeCommit func() error
+
 	mu       sync.Mutex
 	inflight map[string]struct{} // env keys being enqueued in process
 	closed   bool
@@ -218,6 +223,9 @@ func (q *Queue) writeLoop() {
 		err := q.db.Update(func(tx *bolt.Tx) error {
 			for _, o := range batch {
 				o.err = o.fn(tx)
+			}
+			if q.beforeCommit != nil {
+				return q.beforeCommit()
 			}
 			return nil
 		})

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,10 +70,22 @@ func runBench(ctx context.Context, e *env, args []string) int {
 	s.fs.IntVar(&o.producers, "producers", 16, "producers of send_p16")
 	s.fs.IntVar(&o.consumers, "consumers", 4, "worker slots of drain_c4 and e2e_c4")
 	s.fs.BoolVar(&o.relaxed, "relaxed", false, "relaxed durability (no fsync)")
+	cpuProfile := s.fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if code, done := s.parse(args); done {
 		return code
 	}
 	o.dir = *dir
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fail(e, "%v", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fail(e, "%v", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	m, err := benchAll(ctx, o, func(format string, a ...any) {
 		if !*js {
 			fmt.Fprintf(e.Stderr, format, a...)

@@ -72,17 +72,20 @@ func decide(err error, panicked, interrupted, timedOut bool) decision {
 }
 
 // deliver runs one claimed row under an "outbox.deliver" span.
-func (w *Worker) deliver(ctx context.Context, l *queue.Lease) result {
+func (w *Worker) deliver(ctx context.Context, l *queue.Lease, callDone func()) result {
 	ch := l.Channel
 	ctx, span := w.tracer.Start(ctx, spanDeliver, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attrChannel.String(string(ch)), attrProvider.String(w.names[ch])))
-	r := w.deliverLease(ctx, l)
+	r := w.deliverLease(ctx, l, callDone)
 	endSpan(span, r)
 	w.logResult(ctx, "deliver", ch, r)
 	return r
 }
 
-func (w *Worker) deliverLease(ctx context.Context, l *queue.Lease) result {
+// deliverLease runs one delivery. callDone is called once the provider call
+// has returned: the slot is free for the next claim while this commit is
+// still being written, so that claims and commits share transactions.
+func (w *Worker) deliverLease(ctx context.Context, l *queue.Lease, callDone func()) result {
 	ch := l.Channel
 	if ctx.Err() != nil {
 		return w.release(ctx, l)
@@ -111,6 +114,7 @@ func (w *Worker) deliverLease(ctx context.Context, l *queue.Lease) result {
 
 	start := time.Now()
 	rcpt, panicked, err := callDeliver(callCtx, w.providers[ch], l.Key, msg)
+	callDone()
 	d := decide(err, panicked, ctx.Err() != nil, callCtx.Err() != nil)
 	w.metrics.providerCall.WithLabelValues(string(ch), d.call).Observe(time.Since(start).Seconds())
 	if panicked {

@@ -467,19 +467,25 @@ func (w *Worker) dispatch(ctx context.Context, op string, l *queue.Lease) {
 	w.slots <- struct{}{}
 	w.wg.Add(1)
 	go func() {
+		var once sync.Once
+		free := func() {
+			once.Do(func() {
+				<-w.slots
+				select {
+				case w.slotFreed <- struct{}{}:
+				default:
+				}
+			})
+		}
 		defer func() {
-			<-w.slots
-			select {
-			case w.slotFreed <- struct{}{}:
-			default:
-			}
+			free()
 			w.wg.Done()
 		}()
 		var r result
 		if op == "reconcile" {
 			r = w.reconcile(ctx, l)
 		} else {
-			r = w.deliver(ctx, l)
+			r = w.deliver(ctx, l, free)
 		}
 		if w.hooks != nil && w.hooks.taskDone != nil {
 			w.hooks.taskDone(op, l.Key, r)

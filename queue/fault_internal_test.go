@@ -1,0 +1,228 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue/internal/applog"
+)
+
+func faultEnvelope(id, user string) *envelope.Envelope {
+	p, _ := json.Marshal(envelope.ReplyPayload{Text: "hello"})
+	return &envelope.Envelope{
+		SchemaVersion: envelope.SchemaVersion, ID: id, UserID: user,
+		Channel: envelope.ChannelTelegram, Template: envelope.TemplateReply,
+		Recipient: envelope.Recipient{ChatID: "4242"}, Payload: p,
+		CreatedAt: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC),
+	}
+}
+
+func openFault(t *testing.T, dir string) *Queue {
+	t.Helper()
+	q, err := Open(dir, &Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DisableWatcher: true, RescanInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	return q
+}
+
+func rows(t *testing.T, q *Queue) int {
+	t.Helper()
+	c, err := q.Counts(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for s := range c {
+		n += c.Total(s)
+	}
+	return n
+}
+
+// A full disk (ENOSPC) or an I/O error while fsyncing the log: the enqueue
+// fails with a clear error, nothing is acknowledged, nothing is indexed, and
+// nothing of the record stays in the log.
+func TestFault_LogSyncFails(t *testing.T) {
+	for _, fault := range []error{syscall.ENOSPC, syscall.EIO} {
+		t.Run(fault.Error(), func(t *testing.T) {
+			dir := t.TempDir()
+			q := openFault(t, dir)
+			if _, err := q.Enqueue(context.Background(), faultEnvelope("ok", "u")); err != nil {
+				t.Fatal(err)
+			}
+			q.app = applog.NewAppender(dir, func(*os.File) error { return fault })
+			_, err := q.Enqueue(context.Background(), faultEnvelope("lost", "u"))
+			if !errors.Is(err, fault) || !strings.Contains(err.Error(), "append to log") {
+				t.Fatalf("Enqueue = %v, want a clear error wrapping %v", err, fault)
+			}
+			if _, err := q.Get(context.Background(), "", "lost"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("failed enqueue is visible: %v", err)
+			}
+			b, _ := os.ReadFile(LogPath(dir, "", "u"))
+			if strings.Contains(string(b), `"lost"`) || strings.Count(string(b), "\n") != 1 {
+				t.Fatalf("log keeps the failed record: %q", b)
+			}
+			// The disk recovers: the next enqueue works and the first is intact.
+			q.app = applog.NewAppender(dir, applog.Fdatasync)
+			if _, err := q.Enqueue(context.Background(), faultEnvelope("after", "u")); err != nil {
+				t.Fatal(err)
+			}
+			if n := rows(t, q); n != 2 {
+				t.Fatalf("rows = %d, want 2", n)
+			}
+		})
+	}
+}
+
+// A batch over several logs whose second append fails: the first log's
+// records are withdrawn, so no prefix of the batch becomes deliverable.
+func TestFault_BatchAcrossLogsWithdrawn(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	calls := 0
+	q.app = applog.NewAppender(dir, func(f *os.File) error {
+		calls++
+		if calls == 2 {
+			return syscall.ENOSPC
+		}
+		return applog.Fdatasync(f)
+	})
+	_, err := q.Enqueue(context.Background(), faultEnvelope("a", "u1"), faultEnvelope("b", "u2"))
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Enqueue = %v", err)
+	}
+	q.Rescan()
+	if err := q.catchUpAll(); err != nil {
+		t.Fatal(err)
+	}
+	if n := rows(t, q); n != 0 {
+		t.Fatalf("rows after a failed batch = %d, want 0", n)
+	}
+}
+
+// A failing bbolt commit (a full disk while writing the index): the enqueue
+// reports the failure; the record is durable in its log, so it is indexed
+// once the disk recovers (never half-indexed); a failing claim changes
+// nothing.
+func TestFault_IndexCommitFails(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	q.beforeCommit = func() error { return syscall.ENOSPC }
+	_, err := q.Enqueue(context.Background(), faultEnvelope("x", "u"))
+	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), "index") {
+		t.Fatalf("Enqueue = %v, want an index error wrapping ENOSPC", err)
+	}
+	q.beforeCommit = nil
+	if n := rows(t, q); n != 0 {
+		t.Fatalf("half-indexed: %d rows", n)
+	}
+	if err := q.catchUpAll(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Get(context.Background(), "", "x"); err != nil {
+		t.Fatalf("record not indexed after the disk recovered: %v", err)
+	}
+	q.beforeCommit = func() error { return syscall.EIO }
+	if _, err := q.Claim(context.Background(), ClaimRequest{Owner: "w", Lease: time.Minute}); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Claim = %v", err)
+	}
+	q.beforeCommit = nil
+	st, _ := q.Get(context.Background(), "", "x")
+	if st.Segments[0].State != envelope.StatePending || st.Segments[0].Attempts != 0 {
+		t.Fatalf("failed claim changed the row: %+v", st.Segments[0])
+	}
+}
+
+// A log deleted under a running store: its rows are dead-lettered with a
+// clear class when claimed; other users' rows are untouched.
+func TestFault_LogDeletedUnderRunningStore(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	ctx := context.Background()
+	if _, err := q.Enqueue(ctx, faultEnvelope("gone", "u1"), faultEnvelope("kept", "u2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(LogPath(dir, "", "u1")); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := q.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10})
+	if err != nil || len(ls) != 1 || ls[0].Key.EnvelopeID != "kept" {
+		t.Fatalf("claim = %+v, %v", ls, err)
+	}
+	st, err := q.Get(ctx, "", "gone")
+	if err != nil || st.Segments[0].State != envelope.StateDeadLetter || st.Segments[0].Class != envelope.ClassRecordLost {
+		t.Fatalf("row of the deleted log = %+v, %v", st, err)
+	}
+	rep, err := q.Check()
+	if err != nil || rep.OK() {
+		t.Fatalf("Check should report the missing log: %+v, %v", rep, err)
+	}
+}
+
+// A corrupted or truncated index: Check reports it; Rebuild re-indexes
+// every log, keeps the broken file aside, and marks rows of unknown fate
+// unresolved (never redelivered automatically).
+func TestFault_CorruptIndexRebuilt(t *testing.T) {
+	for _, mode := range []string{"truncated", "garbage"} {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			q := openFault(t, dir)
+			ctx := context.Background()
+			for _, id := range []string{"a", "b", "c"} {
+				if _, err := q.Enqueue(ctx, faultEnvelope(id, "u")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			q.Close()
+			path := filepath.Join(dir, IndexFile)
+			switch mode {
+			case "truncated":
+				if err := os.Truncate(path, 4096); err != nil {
+					t.Fatal(err)
+				}
+			case "garbage":
+				b, _ := os.ReadFile(path)
+				for i := 0; i < len(b); i += 7 {
+					b[i] ^= 0x5a
+				}
+				os.WriteFile(path, b, 0o600)
+			}
+			rep, err := Check(dir)
+			if err != nil || rep.OK() {
+				t.Fatalf("Check of a %s index = %+v, %v", mode, rep, err)
+			}
+			n, err := Rebuild(dir, nil)
+			if err != nil || n != 3 {
+				t.Fatalf("Rebuild = %d, %v", n, err)
+			}
+			if m, _ := filepath.Glob(path + ".broken-*"); len(m) != 1 {
+				t.Fatalf("broken index not kept aside: %v", m)
+			}
+			rep, err = Check(dir)
+			if err != nil || !rep.OK() {
+				t.Fatalf("Check after rebuild = %+v, %v", rep, err)
+			}
+			q2 := openFault(t, dir)
+			for _, id := range []string{"a", "b", "c"} {
+				st, err := q2.Get(ctx, "", id)
+				if err != nil || st.Segments[0].State != envelope.StateUnresolved || st.Segments[0].Class != envelope.ClassIndexRebuilt {
+					t.Fatalf("%s after rebuild = %+v, %v", id, st, err)
+				}
+			}
+			if ls, _ := q2.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10}); len(ls) != 0 {
+				t.Fatalf("rebuilt rows were claimable: %d", len(ls))
+			}
+		})
+	}
+}
