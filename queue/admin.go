@@ -397,8 +397,10 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 	}
 	for _, rel := range uniq(logs) {
 		p := filepath.Join(q.dir, rel)
-		_ = os.Remove(p)
-		_ = os.Remove(p + quarantineExt)
+		q.app.Exclusive(rel, func() {
+			_ = os.Remove(p)
+			_ = os.Remove(p + quarantineExt)
+		})
 	}
 	return nil
 }

@@ -32,7 +32,7 @@ func (q *Queue) Claim(ctx context.Context, req ClaimRequest) ([]*Lease, error) {
 		return nil, err
 	}
 	var out []claimed
-	err := q.write(ctx, false, func(tx *bolt.Tx) error {
+	err := q.write(ctx, req.Lazy, func(tx *bolt.Tx) error {
 		out = out[:0]
 		now := q.opts.Now()
 		nowN := now.UnixNano()
@@ -251,7 +251,10 @@ func (q *Queue) Commit(ctx context.Context, l *Lease, out Outcome) error {
 		return fmt.Errorf("%w: cannot commit %q", ErrInvalidTransition, out.State)
 	}
 	wake := false
-	err := q.write(ctx, false, func(tx *bolt.Tx) error {
+	// A commit may skip fsync: if it is lost in a machine crash the row is
+	// back to sending, and its expired lease is reconciled with the
+	// provider, never redelivered blindly.
+	err := q.write(ctx, true, func(tx *bolt.Tx) error {
 		ek, e, r, err := leased(tx, l)
 		if err != nil {
 			return err
@@ -372,7 +375,9 @@ func (q *Queue) Release(ctx context.Context, l *Lease) error {
 	if l == nil {
 		return ErrLeaseLost
 	}
-	err := q.write(ctx, false, func(tx *bolt.Tx) error {
+	// Lazy like Commit: a lost release leaves the row sending, to be
+	// reconciled.
+	err := q.write(ctx, true, func(tx *bolt.Tx) error {
 		ek, e, r, err := leased(tx, l)
 		if err != nil {
 			return err

@@ -45,6 +45,10 @@ func inode(path string) (uint64, error) {
 // removeLogIfDone removes a log whose records were all pruned: under the
 // log's lock, and only when nothing was appended past the indexed offset.
 func (q *Queue) removeLogIfDone(rel string) {
+	q.app.Exclusive(rel, func() { q.removeLogLocked(rel) })
+}
+
+func (q *Queue) removeLogLocked(rel string) {
 	path := filepath.Join(q.dir, rel)
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {

@@ -38,7 +38,38 @@ type prepared struct {
 	line []byte
 	dup  bool
 	off  int64
-	segs int // rows of the stored envelope (ours or the one we duplicate)
+	ino  uint64 // the log's inode when appended
+	segs int    // rows of the stored envelope (ours or the one we duplicate)
+}
+
+func knownKey(rel string, off int64) string { return rel + "\x00" + strconv.FormatInt(off, 10) }
+
+// register makes the appended records of an in-process Enqueue known to
+// catch-ups until it has been indexed.
+func (q *Queue) register(items []*prepared) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, it := range items {
+		if !it.dup {
+			q.known[knownKey(it.rel, it.off)] = it
+		}
+	}
+}
+
+func (q *Queue) unregister(items []*prepared) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, it := range items {
+		if !it.dup {
+			delete(q.known, knownKey(it.rel, it.off))
+		}
+	}
+}
+
+func (q *Queue) lookup(key string) *prepared {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.known[key]
 }
 
 // Enqueue implements Store. The records are appended to the users' logs
@@ -106,7 +137,7 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 		for _, it := range byLog[rel] {
 			buf = append(buf, it.line...)
 		}
-		start, err := q.app.Append(rel, buf)
+		start, ino, err := q.app.Append(rel, buf)
 		if err != nil {
 			// Withdraw what this call already appended to other logs.
 			for _, w := range done {
@@ -117,27 +148,24 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 		}
 		off := start
 		for _, it := range byLog[rel] {
-			it.off = off
+			it.off, it.ino = off, ino
 			off += int64(len(it.line))
 		}
 		done = append(done, written{rel, start, off})
 	}
 
-	// Index: the writer catches each log up to its end, which includes
-	// our records (and any foreign records before them).
-	known := map[string]*prepared{}
-	for _, it := range items {
-		if !it.dup {
-			known[it.rel+"\x00"+strconv.FormatInt(it.off, 10)] = it
-		}
-	}
+	// Index: the writer catches each log up to (at least) our records. The
+	// records appended in this process are registered so that any catch-up
+	// indexes them without reading or validating them again.
+	q.register(items)
+	defer q.unregister(items)
 	// An envelope is ours (not a duplicate) when the index entry of its
 	// (tenant, id) points at our record, whoever indexed it (the tailer
 	// may have seen our append first).
 	created := map[string]bool{}
 	err = q.write(context.WithoutCancel(ctx), true, func(tx *bolt.Tx) error {
 		for _, rel := range logs {
-			if err := q.catchUp(tx, rel, known); err != nil {
+			if err := q.catchUp(tx, rel, q.lookup); err != nil {
 				return err
 			}
 		}
@@ -333,12 +361,46 @@ func (q *Queue) listLogs() ([]string, error) {
 	return out, nil
 }
 
+// catchUpKnown indexes, without reading the log, the chain of in-process
+// records that starts exactly at the log's stored offset, and moves the
+// offset past them. It reports false when the record at the stored offset
+// is not known (another process's line, a torn line, a replaced file): the
+// caller then reads the log.
+func (q *Queue) catchUpKnown(tx *bolt.Tx, rel string, known func(string) *prepared) (bool, error) {
+	logs := tx.Bucket(bktLogs)
+	var off int64
+	var ino uint64
+	v := logs.Get([]byte(rel))
+	if len(v) == 16 {
+		off, ino = int64(binary.BigEndian.Uint64(v)), binary.BigEndian.Uint64(v[8:])
+	}
+	p := known(knownKey(rel, off))
+	if p == nil || (v != nil && ino != p.ino) {
+		return false, nil
+	}
+	now := q.opts.Now()
+	ino = p.ino
+	for ; p != nil; p = known(knownKey(rel, off)) {
+		if _, err := q.indexRecord(tx, rel, off, len(p.line)-1, p.env, p.segs, now, true); err != nil {
+			return false, err
+		}
+		off += int64(len(p.line))
+	}
+	return true, logs.Put([]byte(rel), append(u64(uint64(off)), u64(ino)...))
+}
+
 // catchUp indexes the complete lines of log rel past its stored offset and
 // stores the new offset, all in tx. known maps "rel 0 offset" to records
 // this process already validated. Lines that are not valid envelopes are
 // quarantined, not returned as errors.
-func (q *Queue) catchUp(tx *bolt.Tx, rel string, known map[string]*prepared) error {
+func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared) error {
 	logs := tx.Bucket(bktLogs)
+	if known != nil {
+		done, err := q.catchUpKnown(tx, rel, known)
+		if done || err != nil {
+			return err
+		}
+	}
 	path := filepath.Join(q.dir, rel)
 	ino, err := inode(path)
 	if err != nil {
@@ -363,12 +425,15 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known map[string]*prepared) err
 	skip := tx.Bucket(bktSkip)
 	end := off + int64(len(data))
 	for _, ln := range applog.Lines(data, off) {
-		key := rel + "\x00" + strconv.FormatInt(ln.Off, 10)
+		var p *prepared
+		if known != nil {
+			p = known(knownKey(rel, ln.Off))
+		}
 		if v := skip.Get(append([]byte(rel+"\x00"), u64(uint64(ln.Off))...)); v != nil {
 			continue
 		}
 		var env *envelope.Envelope
-		if p := known[key]; p != nil {
+		if p != nil {
 			env = p.env
 		} else {
 			e, err := envelope.Parse(ln.Data)
@@ -393,14 +458,14 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known map[string]*prepared) err
 			env = e
 		}
 		segs := 0
-		if p := known[key]; p != nil {
+		if p != nil {
 			segs = p.segs
 		}
-		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, segs, now, known[key] != nil)
+		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, segs, now, p != nil)
 		if err != nil {
 			return err
 		}
-		if known[key] == nil && ok {
+		if p == nil && ok {
 			q.m.ingested.Inc()
 		}
 	}

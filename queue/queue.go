@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue/internal/applog"
@@ -41,6 +42,7 @@ type Queue struct {
 
 	mu       sync.Mutex
 	inflight map[string]struct{} // env keys being enqueued in process
+	known    map[string]*prepared // appended in process, not yet indexed: "log 0 offset" → record
 	closed   bool
 
 	closeOnce sync.Once
@@ -108,6 +110,7 @@ func Open(dir string, opts *Options) (*Queue, error) {
 		ops:      make(chan *op, 1024),
 		notify:   make(chan struct{}, 1),
 		inflight: map[string]struct{}{},
+		known:    map[string]*prepared{},
 		stop:     make(chan struct{}),
 		ready:    make(chan struct{}),
 	}
@@ -173,6 +176,7 @@ func (q *Queue) Close() error {
 		}
 		close(q.stop)
 		q.wg.Wait()
+		q.app.Close()
 		removePID(q.dir)
 		err = q.db.Close()
 	})
@@ -189,9 +193,27 @@ func (q *Queue) isClosed() bool {
 // grouped into the next one, so concurrent writers share fsyncs.
 func (q *Queue) writeLoop() {
 	defer q.wg.Done()
+	// Transactions that skipped fsync (lazy) are flushed by the next
+	// synced one, or by this timer within SyncDelay, whichever comes
+	// first: that bounds how much a machine crash can take from the index
+	// (the logs themselves are always fsynced).
+	syncTimer := time.NewTimer(time.Hour)
+	syncTimer.Stop()
+	unsynced := false
+	defer func() {
+		if unsynced && !q.opts.NoSync {
+			_ = q.db.Sync()
+		}
+	}()
 	for {
 		var first *op
 		select {
+		case <-syncTimer.C:
+			if unsynced && !q.opts.NoSync {
+				_ = q.db.Sync()
+			}
+			unsynced = false
+			continue
 		case first = <-q.ops:
 		case <-q.stop:
 			// Fail what is still queued.
@@ -235,8 +257,21 @@ func (q *Queue) writeLoop() {
 			}
 			close(o.done)
 		}
+		switch {
+		case err != nil:
+		case !lazy:
+			unsynced = false
+			syncTimer.Stop()
+		case !unsynced:
+			unsynced = true
+			syncTimer.Reset(syncDelay)
+		}
 	}
 }
+
+// syncDelay bounds how long a lazy (unsynced) index transaction stays
+// unsynced.
+const syncDelay = 20 * time.Millisecond
 
 // write runs fn in the writer's next transaction and waits for its commit.
 func (q *Queue) write(ctx context.Context, lazy bool, fn func(tx *bolt.Tx) error) error {

@@ -59,6 +59,10 @@ type Worker struct {
 	log          *slog.Logger
 	now          func() time.Time
 	rescan       time.Duration
+	// idempotent is true when every provider redelivers idempotently: then
+	// claims may skip fsync (a claim lost in a machine crash only means a
+	// harmless redelivery under the same key).
+	idempotent bool
 
 	slots     chan struct{} // one token per task in flight
 	slotFreed chan struct{} // a task finished (coalesced)
@@ -111,6 +115,7 @@ func New(cfg Config) (*Worker, error) {
 	if c.Tenant != "" {
 		w.leases = queue.Scope(c.Store, c.Tenant)
 	}
+	allIdempotent := true
 	for _, ch := range envelope.Channels {
 		p, ok := c.Providers[ch]
 		if !ok {
@@ -118,6 +123,9 @@ func New(cfg Config) (*Worker, error) {
 			continue
 		}
 		w.channels = append(w.channels, ch)
+		if !p.Capabilities().IdempotentRedelivery {
+			allIdempotent = false
+		}
 		name := p.Capabilities().Name
 		if name == "" {
 			name = "unnamed"
@@ -142,6 +150,7 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: register metrics: %w", err)
 	}
+	w.idempotent = allIdempotent
 	for _, ch := range envelope.Channels {
 		v := 0.0
 		if !slices.Contains(w.channels, ch) {
@@ -358,6 +367,7 @@ func (w *Worker) request(chans []envelope.Channel, limit int) queue.ClaimRequest
 		Owner:    w.cfg.Owner,
 		Lease:    w.cfg.Lease,
 		Limit:    limit,
+		Lazy:     w.idempotent,
 	}
 }
 

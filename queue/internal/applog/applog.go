@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -75,14 +76,19 @@ type Syncer func(f *os.File) error
 func Fdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }
 
 // Appender appends to logs with group commit: concurrent appends to the same
-// log share one write and one fsync. It is safe for concurrent use.
+// log share one write and one fsync. It keeps up to MaxOpen logs open between
+// appends. It is safe for concurrent use.
 type Appender struct {
 	dir  string
 	sync Syncer // nil = no fsync (relaxed mode)
 
 	mu   sync.Mutex
 	logs map[string]*group
+	open int // logs with a cached descriptor
 }
+
+// MaxOpen bounds the log files an Appender keeps open.
+const MaxOpen = 256
 
 // NewAppender returns an appender for the logs under dataDir. sync nil
 // disables fsync (the relaxed durability mode).
@@ -95,56 +101,67 @@ type group struct {
 	mu      sync.Mutex
 	pending []*request
 	leader  bool
+
+	io  sync.Mutex // serialises the file I/O and Exclusive
+	f   *os.File   // cached descriptor, nil when closed
+	ino uint64
+	end int64 // the file's size after our last append (-1: unknown)
 }
 
 type request struct {
 	data []byte
 	done chan struct{}
 	off  int64
+	ino  uint64
 	err  error
+}
+
+func (a *Appender) group(rel string) *group {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	g := a.logs[rel]
+	if g == nil {
+		g = &group{end: -1}
+		a.logs[rel] = g
+	}
+	return g
 }
 
 // Append appends data (one or more complete lines, each ending in '\n') to
 // the log at rel (relative to the data directory), creating directories and
-// the file as needed. It returns the offset at which data starts once data
-// is on stable storage. Either all of data is appended or none of it is: a
-// failed write is truncated away before the lock is released.
-func (a *Appender) Append(rel string, data []byte) (int64, error) {
+// the file as needed. It returns the offset at which data starts and the
+// file's inode once data is on stable storage. Either all of data is
+// appended or none of it is: a failed write is truncated away before the
+// lock is released.
+func (a *Appender) Append(rel string, data []byte) (int64, uint64, error) {
 	if len(data) == 0 || data[len(data)-1] != '\n' {
-		return 0, errors.New("applog: append data must end with a newline")
+		return 0, 0, errors.New("applog: append data must end with a newline")
 	}
-	a.mu.Lock()
-	g := a.logs[rel]
-	if g == nil {
-		g = &group{}
-		a.logs[rel] = g
-	}
-	a.mu.Unlock()
-
+	g := a.group(rel)
 	r := &request{data: data, done: make(chan struct{})}
 	g.mu.Lock()
 	g.pending = append(g.pending, r)
 	if g.leader {
 		g.mu.Unlock()
 		<-r.done
-		return r.off, r.err
+		return r.off, r.ino, r.err
 	}
 	g.leader = true
 	for len(g.pending) > 0 {
 		batch := g.pending
 		g.pending = nil
 		g.mu.Unlock()
-		a.flush(rel, batch)
+		a.flush(rel, g, batch)
 		g.mu.Lock()
 	}
 	g.leader = false
 	g.mu.Unlock()
 	<-r.done
-	return r.off, r.err
+	return r.off, r.ino, r.err
 }
 
 // flush writes one batch with one write and one fsync.
-func (a *Appender) flush(rel string, batch []*request) {
+func (a *Appender) flush(rel string, g *group, batch []*request) {
 	var buf []byte
 	if len(batch) == 1 {
 		buf = batch[0].data
@@ -153,13 +170,124 @@ func (a *Appender) flush(rel string, batch []*request) {
 			buf = append(buf, r.data...)
 		}
 	}
-	start, err := AppendLocked(filepath.Join(a.dir, rel), buf, a.sync)
+	g.io.Lock()
+	start, ino, err := a.appendTo(rel, g, buf)
+	g.io.Unlock()
 	off := start
 	for _, r := range batch {
-		r.off, r.err = off, err
+		r.off, r.ino, r.err = off, ino, err
 		off += int64(len(r.data))
 		close(r.done)
 	}
+}
+
+// appendTo appends buf through the group's cached descriptor (opening it
+// if needed), under the log's flock. g.io is held.
+func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, error) {
+	path := filepath.Join(a.dir, rel)
+	if g.f == nil {
+		a.mu.Lock()
+		full := a.open >= MaxOpen
+		if !full {
+			a.open++
+		}
+		a.mu.Unlock()
+		if full {
+			off, err := AppendLocked(path, buf, a.sync)
+			ino, _ := Inode(path)
+			return off, ino, err
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			a.release()
+			return 0, 0, fmt.Errorf("create log directory: %w", err)
+		}
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			a.release()
+			return 0, 0, fmt.Errorf("open log: %w", err)
+		}
+		ino, err := fileInode(f)
+		if err != nil {
+			f.Close()
+			a.release()
+			return 0, 0, fmt.Errorf("stat log: %w", err)
+		}
+		g.f, g.ino, g.end = f, ino, -1
+	}
+	if err := unix.Flock(int(g.f.Fd()), unix.LOCK_EX); err != nil {
+		return 0, 0, fmt.Errorf("lock log: %w", err)
+	}
+	off, end, err := appendHeld(g.f, buf, a.sync, g.end)
+	_ = unix.Flock(int(g.f.Fd()), unix.LOCK_UN)
+	if err != nil {
+		g.end = -1
+		return 0, 0, err
+	}
+	g.end = end
+	return off, g.ino, nil
+}
+
+func (a *Appender) release() {
+	a.mu.Lock()
+	a.open--
+	a.mu.Unlock()
+}
+
+// Exclusive runs fn while no append to rel can run in this process, with
+// the log's cached descriptor closed: fn may remove or replace the file.
+func (a *Appender) Exclusive(rel string, fn func()) {
+	g := a.group(rel)
+	g.io.Lock()
+	defer g.io.Unlock()
+	if g.f != nil {
+		g.f.Close()
+		g.f, g.end = nil, -1
+		a.release()
+	}
+	fn()
+}
+
+// Close closes every cached descriptor.
+func (a *Appender) Close() {
+	a.mu.Lock()
+	groups := make([]*group, 0, len(a.logs))
+	for _, g := range a.logs {
+		groups = append(groups, g)
+	}
+	a.mu.Unlock()
+	for _, g := range groups {
+		g.io.Lock()
+		if g.f != nil {
+			g.f.Close()
+			g.f, g.end = nil, -1
+			a.release()
+		}
+		g.io.Unlock()
+	}
+}
+
+// Inode returns the inode number of the file at path.
+func Inode(path string) (uint64, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, err
+	}
+	return statIno(fi), nil
+}
+
+func fileInode(f *os.File) (uint64, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	return statIno(fi), nil
+}
+
+func statIno(fi os.FileInfo) uint64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Ino
+	}
+	return 0
 }
 
 // AppendLocked opens (creating) the log at path, takes an exclusive flock,
@@ -191,7 +319,7 @@ func AppendLocked(path string, buf []byte, sync Syncer) (int64, error) {
 			}
 			continue
 		}
-		off, err := appendHeld(f, buf, sync)
+		off, _, err := appendHeld(f, buf, sync, -1)
 		f.Close() // releases the flock
 		return off, err
 	}
@@ -209,16 +337,21 @@ func samePath(f *os.File, path string) (bool, error) {
 	return os.SameFile(fi, pi), nil
 }
 
-func appendHeld(f *os.File, buf []byte, sync Syncer) (int64, error) {
-	size, err := f.Seek(0, io.SeekEnd)
+// appendHeld appends buf at the end of f (whose flock is held) and syncs it.
+// knownEnd is the size the file had after this process's last append: when
+// the size still equals it, the file is known to end in a newline. It
+// returns where buf starts and the new size.
+func appendHeld(f *os.File, buf []byte, sync Syncer, knownEnd int64) (int64, int64, error) {
+	fi, err := f.Stat()
 	if err != nil {
-		return 0, fmt.Errorf("seek log: %w", err)
+		return 0, 0, fmt.Errorf("stat log: %w", err)
 	}
+	size := fi.Size()
 	start := size
-	if size > 0 {
+	if size > 0 && size != knownEnd {
 		var last [1]byte
 		if _, err := f.ReadAt(last[:], size-1); err != nil {
-			return 0, fmt.Errorf("read log tail: %w", err)
+			return 0, 0, fmt.Errorf("read log tail: %w", err)
 		}
 		if last[0] != '\n' {
 			// A torn tail under our lock: its writer died mid-line.
@@ -243,9 +376,9 @@ func appendHeld(f *os.File, buf []byte, sync Syncer) (int64, error) {
 		if sync != nil {
 			_ = sync(f)
 		}
-		return 0, err
+		return 0, 0, err
 	}
-	return start, nil
+	return start, size + int64(len(buf)), nil
 }
 
 // ReadComplete reads the log at path from offset off up to and including
