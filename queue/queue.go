@@ -41,7 +41,7 @@ type Queue struct {
 	beforeCommit func() error
 
 	mu       sync.Mutex
-	inflight map[string]struct{} // env keys being enqueued in process
+	inflight map[string]struct{}  // env keys being enqueued in process
 	known    map[string]*prepared // appended in process, not yet indexed: "log 0 offset" → record
 	closed   bool
 
