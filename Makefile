@@ -57,3 +57,11 @@ e2e: ## opt-in tests against the real services (OUTBOX_E2E_* variables; skipped 
 .PHONY: drill
 drill: ## the long kill drill: SIGKILL outbox serve 50 times under load, then check nothing was lost or sent twice
 	OUTBOX_DRILL_KILLS=$${KILLS:-50} $(GO) test -count=1 -timeout 30m -run 'TestDrill_Kill$$' -v ./cmd/outbox/
+
+.PHONY: soak
+soak: ## a steady-rate soak with failing and hanging providers (SOAK=3m), then checks resources and losses
+	OUTBOX_SOAK_DURATION=$${SOAK:-3m} $(GO) test -count=1 -timeout 30m -run '^TestSoak$$' -v ./queue/worker/
+
+.PHONY: scale
+scale: ## 1,000,000 pending rows: Open time, Go heap, idle CPU (ROWS=…)
+	OUTBOX_SCALE_ROWS=$${ROWS:-1000000} $(GO) test -count=1 -timeout 60m -run '^TestScale$$' -v ./queue/

@@ -164,7 +164,7 @@ func Validate(e *Envelope) error {
 	if err != nil {
 		return &ValidationError{Problems: sortProblems(append(pre, Problem{Rule: "cannot be encoded as JSON"}))}
 	}
-	_, problems := check(data)
+	_, problems := checkDoc(data, &cp)
 	problems = sortProblems(mergeProblems(pre, problems))
 	if len(problems) > 0 {
 		return &ValidationError{Problems: capProblems(problems)}
@@ -206,9 +206,16 @@ var schema = sync.OnceValue(func() *jsonschema.Schema {
 // check runs every check on one JSON document and returns the decoded
 // envelope (meaningful only when there are no problems) and the problems,
 // deduplicated and sorted.
-func check(data []byte) (*Envelope, []Problem) {
-	if p, ok := syntaxProblem(data); !ok {
-		return nil, []Problem{p}
+func check(data []byte) (*Envelope, []Problem) { return checkDoc(data, nil) }
+
+// checkDoc is check; typed, when not nil, is the envelope data was encoded
+// from (Validate): the document is then known to be well-formed JSON and
+// the envelope need not be decoded again.
+func checkDoc(data []byte, typed *Envelope) (*Envelope, []Problem) {
+	if typed == nil {
+		if p, ok := syntaxProblem(data); !ok {
+			return nil, []Problem{p}
+		}
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(data, &top); err != nil || top == nil {
@@ -238,6 +245,12 @@ func check(data []byte) (*Envelope, []Problem) {
 	e := new(Envelope)
 	failed := map[string]bool{}
 	var decodeProbs []Problem
+	if typed != nil {
+		cp := *typed
+		e = &cp
+		goProbs = append(goProbs, goRules(e, top, failed, &decodeProbs)...)
+		return e, sortProblems(mergeProblems(mergeProblems(goProbs, schemaProbs), decodeProbs))
+	}
 	fields := map[string]any{
 		"schema_version":   &e.SchemaVersion,
 		"id":               &e.ID,

@@ -453,18 +453,22 @@ func uniq(in []string) []string {
 // (under their lock, only when nothing was appended since they were read).
 func (q *Queue) Prune(ctx context.Context) (int, error) {
 	n := 0
-	var emptied []string
+	type logOwner struct{ tenant, user string }
+	emptied := map[string]logOwner{}
 	err := q.write(ctx, false, func(tx *bolt.Tx) error {
 		cutoff := q.opts.Now().Add(-q.opts.Retention).UnixNano()
 		type victim struct{ tenant, id string }
 		var victims []victim
 		logsLeft := map[string]int{}
+		owners := map[string]logOwner{}
 		err := tx.Bucket(bktEnv).ForEach(func(k, v []byte) error {
 			var e envRec
 			if err := jsonUnmarshal(v, &e); err != nil {
 				return err
 			}
 			logsLeft[e.Log]++
+			t, _ := splitEnvKey(k)
+			owners[e.Log] = logOwner{t, e.User}
 			prune := true
 			for seg := 0; seg < e.Segs && prune; seg++ {
 				r, err := getRow(tx, rowKey(k, seg))
@@ -493,7 +497,7 @@ func (q *Queue) Prune(ctx context.Context) (int, error) {
 		}
 		for rel, left := range logsLeft {
 			if left == 0 {
-				emptied = append(emptied, rel)
+				emptied[rel] = owners[rel]
 			}
 		}
 		return nil
@@ -501,8 +505,8 @@ func (q *Queue) Prune(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, rel := range emptied {
-		q.removeLogIfDone(rel)
+	for rel, o := range emptied {
+		q.removeLogIfDone(rel, o.tenant, o.user)
 	}
 	return n, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -96,3 +97,44 @@ func BenchmarkQueue_ClaimCommit(b *testing.B) {
 type atomicInt struct{ v atomic.Int64 }
 
 func (a *atomicInt) next() int { return int(a.v.Add(1)) }
+
+// BenchmarkQueue_TailerWake measures the wake latency of the tailer: a line
+// appended through the foreign-appender path (flock, write, fsync — what
+// `outbox enqueue` and other processes do; the store learns of it only
+// through fsnotify) until the row is claimable. It reports p50 and p99.
+func BenchmarkQueue_TailerWake(b *testing.B) {
+	dir := b.TempDir()
+	q, err := queue.Open(dir, &queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RescanInterval: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer q.Close()
+	ctx := context.Background()
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		if err := queue.Append(dir, benchEnvelope(i)); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			ls, err := q.Claim(ctx, queue.ClaimRequest{Owner: "b", Lease: time.Minute, Lazy: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(ls) == 1 {
+				break
+			}
+			select {
+			case <-q.Notify():
+			case <-time.After(time.Second):
+				b.Fatal("append not seen within 1s")
+			}
+		}
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}

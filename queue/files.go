@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -44,11 +45,15 @@ func inode(path string) (uint64, error) {
 
 // removeLogIfDone removes a log whose records were all pruned: under the
 // log's lock, and only when nothing was appended past the indexed offset.
-func (q *Queue) removeLogIfDone(rel string) {
-	q.app.Exclusive(rel, func() { q.removeLogLocked(rel) })
+func (q *Queue) removeLogIfDone(rel, tenant, user string) {
+	q.app.Exclusive(rel, func() { q.removeLogLocked(rel, tenant, user) })
 }
 
-func (q *Queue) removeLogLocked(rel string) {
+// removeLogLocked runs with no in-process append possible (Exclusive) and
+// takes the log's flock against other processes; it removes the log only
+// when every byte of it is indexed and no envelope of its user is left (an
+// enqueue may have landed since Prune looked).
+func (q *Queue) removeLogLocked(rel, tenant, user string) {
 	path := filepath.Join(q.dir, rel)
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
@@ -63,13 +68,18 @@ func (q *Queue) removeLogLocked(rel string) {
 		return
 	}
 	var off int64 = -1
+	live := false
 	_ = q.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bktLogs).Get([]byte(rel)); len(v) == 16 {
 			off = int64(binary.BigEndian.Uint64(v))
 		}
+		prefix := []byte(tenant + "\x00" + user + "\x00")
+		if k, _ := tx.Bucket(bktUsers).Cursor().Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) {
+			live = true
+		}
 		return nil
 	})
-	if off != fi.Size() {
+	if off != fi.Size() || live {
 		return
 	}
 	_ = os.Remove(path)
