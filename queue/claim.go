@@ -552,3 +552,52 @@ func (q *Queue) anyLeaseExpired() (bool, error) {
 	})
 	return found, err
 }
+
+// ReturnExpiredSeam returns rows whose ExpireToPending lease (the HTTP
+// seam's) has expired to pending, and leaves every other expired lease for
+// a worker to reconcile. Recover does the same as a side effect; this is
+// for a daemon that runs no worker. It returns how many rows went back.
+func (q *Queue) ReturnExpiredSeam(ctx context.Context) (int, error) {
+	if expired, err := q.anyLeaseExpired(); err != nil || !expired {
+		return 0, err
+	}
+	n := 0
+	err := q.write(ctx, false, func(tx *bolt.Tx) error {
+		n = 0
+		nowN := q.opts.Now().UnixNano()
+		var keys [][]byte
+		c := tx.Bucket(bktLeases).Cursor()
+		for k, _ := c.First(); k != nil && int64(beUint64(k[:8])) <= nowN; k, _ = c.Next() {
+			keys = append(keys, append([]byte(nil), k[8:]...))
+		}
+		for _, rk := range keys {
+			ek, seg := splitRowKey(rk)
+			tenant, _ := splitEnvKey(ek)
+			e, err := getEnv(tx, ek)
+			if err != nil {
+				return err
+			}
+			r, err := getRow(tx, rk)
+			if err != nil {
+				return err
+			}
+			if e == nil || r == nil || r.State != envelope.StateSending || !r.ToPending {
+				continue
+			}
+			old := *r
+			r.State = envelope.StatePending
+			r.Owner, r.LeaseEnd, r.ToPending, r.Prev = "", 0, false, ""
+			r.Due, r.Updated = nowN, nowN
+			if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+				return err
+			}
+			q.m.seamExpired.Inc()
+			n++
+		}
+		return nil
+	})
+	if n > 0 {
+		q.wake()
+	}
+	return n, err
+}

@@ -178,7 +178,9 @@ func buildApp(e *env, c appConfig) (*app, error) {
 		a.described = append(a.described, string(ch)+": sink ("+filepath.Join(c.Data, "sink", string(ch))+")")
 	}
 	if len(a.providers) == 0 {
-		return fail(errors.New("no provider for any channel: configure one, or drop --no-sink"))
+		// Nothing to deliver with: rows wait for an external worker on the
+		// /internal/outbox seam.
+		return a, nil
 	}
 	a.w, err = worker.New(worker.Config{
 		Store: q, Providers: a.providers, Renderer: a.r, Concurrency: c.Concurrency,

@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,9 +41,9 @@ type daemon struct {
 
 // startServe runs `outbox serve --addr 127.0.0.1:0` and waits for its
 // "listening on" line.
-func startServe(t *testing.T, bin, data, token string) *daemon {
+func startServe(t *testing.T, bin, data, token string, extra ...string) *daemon {
 	t.Helper()
-	cmd := exec.Command(bin, "serve", "--data", data, "--addr", "127.0.0.1:0", "--lease", "2s")
+	cmd := exec.Command(bin, append([]string{"serve", "--data", data, "--addr", "127.0.0.1:0", "--lease", "2s"}, extra...)...)
 	cmd.Env = append(os.Environ(), "INTERNAL_OUTBOX_TOKEN="+token)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -223,3 +225,65 @@ func TestE2E_ServeEnqueueOperateRestart(t *testing.T) {
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// TestE2E_Seam drives the RFC's seam for an external delivery worker: with
+// --no-sink and no provider configured, outbox only stores and leases.
+func TestE2E_Seam(t *testing.T) {
+	bin := buildBinary(t)
+	data := t.TempDir()
+	const token = "seam-token-0123456789"
+	d := startServe(t, bin, data, token, "--no-sink")
+
+	if code, b := request(t, "PUT", d.base+"/v1/consent/u_42", token, []byte(`{"digest_enabled":true,"push_enabled":true,"email_verified":true,"cadence":"weekly"}`)); code != 200 {
+		t.Fatalf("PUT consent = %d %s", code, b)
+	}
+	digest, err := os.ReadFile("demodata/your-week-digest.v1.golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Move the fixture's window around now so it is due and not expired.
+	var env map[string]any
+	json.Unmarshal(digest, &env)
+	env["not_before"] = time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	env["expires_at"] = time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	body, _ := json.Marshal(env)
+	if code, b := request(t, "POST", d.base+"/v1/envelopes", token, body); code != 201 {
+		t.Fatalf("POST = %d %s", code, b)
+	}
+	id := env["id"].(string)
+
+	code, b := request(t, "GET", d.base+"/internal/outbox/pending?channel=email&limit=5", token, nil)
+	if code != 200 {
+		t.Fatalf("pending = %d %s", code, b)
+	}
+	var pending struct {
+		Envelopes []map[string]any `json:"envelopes"`
+		Leases    []struct {
+			ID    string `json:"id"`
+			Fence uint64 `json:"fence"`
+		} `json:"leases"`
+	}
+	if err := json.Unmarshal(b, &pending); err != nil || len(pending.Leases) != 1 || pending.Leases[0].ID != id {
+		t.Fatalf("pending = %s", b)
+	}
+	// A second caller gets nothing: the envelope is leased.
+	if _, b := request(t, "GET", d.base+"/internal/outbox/pending?channel=email", token, nil); strings.Contains(string(b), id) {
+		t.Fatalf("leased twice: %s", b)
+	}
+	status := fmt.Sprintf(`{"status":"delivered","fence":%d}`, pending.Leases[0].Fence)
+	path := d.base + "/internal/outbox/" + url.PathEscape(id) + "/status"
+	if code, b := request(t, "POST", path, token, []byte(status)); code != 200 {
+		t.Fatalf("status = %d %s", code, b)
+	}
+	if code, b := request(t, "POST", path, token, []byte(status)); code != 200 {
+		t.Fatalf("repeated status = %d %s (want 200, a no-op)", code, b)
+	}
+	if code, _ := request(t, "POST", d.base+"/internal/outbox/nope/status", token, []byte(status)); code != 404 {
+		t.Fatalf("unknown id = %d, want 404", code)
+	}
+	code, b = request(t, "GET", d.base+"/v1/envelopes/"+url.PathEscape(id), token, nil)
+	if code != 200 || !strings.Contains(string(b), `"status":"delivered"`) {
+		t.Fatalf("after status = %d %s", code, b)
+	}
+	d.stop(t)
+}

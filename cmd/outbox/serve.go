@@ -191,7 +191,24 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	workerDone := make(chan error, 1)
-	go func() { workerDone <- a.w.Run(runCtx) }()
+	if a.w != nil {
+		go func() { workerDone <- a.w.Run(runCtx) }()
+	} else {
+		log.Info("no provider for any channel: the built-in worker is off; rows wait for /internal/outbox/pending", "operation", "serve")
+		workerDone <- nil
+		go func() {
+			t := time.NewTicker(max(*f.seamLease/10, time.Second))
+			defer t.Stop()
+			for {
+				select {
+				case <-runCtx.Done():
+					return
+				case <-t.C:
+					_, _ = a.q.ReturnExpiredSeam(runCtx)
+				}
+			}
+		}()
+	}
 	if a.poller != nil {
 		go func() { _ = a.poller.Run(runCtx) }()
 	}
