@@ -10,6 +10,7 @@ import (
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue/internal/applog"
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // Append appends envelopes to their users' logs under the data directory
@@ -68,7 +69,7 @@ func Known(dir string, keys []envelope.Key) (map[envelope.Key]bool, error) {
 	path := filepath.Join(dir, IndexFile)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 50 * time.Millisecond})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, ErrStoreBusy
 		}
 		if isNotExist(err) {

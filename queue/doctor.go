@@ -13,6 +13,7 @@ import (
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue/internal/applog"
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // Report is the result of Check.
@@ -66,7 +67,7 @@ func openReadOnly(path string) (db *bolt.DB, err error) {
 		}
 	}()
 	db, err = bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, ErrStoreBusy
 	}
 	return db, err
@@ -263,7 +264,7 @@ func CompactFile(dir string) (before, after int64, err error) {
 	path := filepath.Join(dir, IndexFile)
 	src, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, berrors.ErrTimeout) {
 			return 0, 0, ErrStoreBusy
 		}
 		return 0, 0, err

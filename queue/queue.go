@@ -15,6 +15,7 @@ import (
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue/internal/applog"
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // IndexFile is the name of the bbolt index inside the data directory.
@@ -97,7 +98,7 @@ func Open(dir string, opts *Options) (*Queue, error) {
 		NoSync:         o.NoSync,
 	})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, &StoreInUseError{Path: dir, PID: readPID(dir)}
 		}
 		return nil, fmt.Errorf("open store index %s: %w (run \"outbox doctor\" to check or rebuild it)", path, err)

@@ -21,7 +21,8 @@ func TestToken_Redacts(t *testing.T) {
 	}
 	for _, s := range []string{
 		fmt.Sprint(opts), fmt.Sprintf("%+v", opts), fmt.Sprintf("%#v", opts),
-		fmt.Sprintf("%s", opts.Token), fmt.Sprintf("%q", opts.Token), string(js), buf.String(),
+		fmt.Sprintf("%s", opts.Token), //lint:ignore S1025 the %s verb is what is tested
+		fmt.Sprintf("%q", opts.Token), string(js), buf.String(),
 	} {
 		if strings.Contains(s, testToken) || strings.Contains(s, "AAH-test") {
 			t.Errorf("token leaked in %q", s)

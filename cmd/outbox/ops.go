@@ -287,7 +287,6 @@ var (
 		digest, push, verified *bool
 		cadence                *string
 	}
-	doctorRebuild *bool
 )
 
 func init() {

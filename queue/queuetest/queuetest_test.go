@@ -41,7 +41,7 @@ func TestBuilders_Stable(t *testing.T) {
 	// The same user gets the same address, endpoint and chat; another user
 	// gets different ones.
 	for _, fn := range []func(string) string{queuetest.EmailOf, queuetest.EndpointOf, queuetest.ChatIDOf, queuetest.TargetOfNudge} {
-		if fn("u-1") != fn("u-1") || fn("u-1") == fn("u-2") {
+		if a, b := fn("u-1"), fn("u-1"); a != b || a == fn("u-2") {
 			t.Fatal("derived recipient data is not stable per user")
 		}
 	}
