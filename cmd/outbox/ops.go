@@ -234,7 +234,12 @@ func opCommand(name, short, usage string, fn func(ctx context.Context, e *env, b
 		s := newSettings(name, e)
 		s.usage("Usage: outbox " + name + " " + usage + "\n\nWorks through a running outbox serve (its operator socket) or on the store directly.\n\nFlags:\n")
 		data := dataFlag(s)
-		tenant := tenantFlag(s)
+		var tenant *string
+		if name == "ls" || name == "stats" {
+			tenant = s.str("tenant", "OUTBOX_TENANT", "*", "tenant (* = every tenant)")
+		} else {
+			tenant = tenantFlag(s)
+		}
 		js := s.fs.Bool("json", false, "print JSON")
 		if extra != nil {
 			extra(s)
