@@ -159,6 +159,11 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 	// indexes them without reading or validating them again.
 	q.register(items)
 	defer q.unregister(items)
+	for _, it := range items {
+		if !it.dup {
+			q.cache.put(cacheKey(it.rel, it.off), it.env)
+		}
+	}
 	// An envelope is ours (not a duplicate) when the index entry of its
 	// (tenant, id) points at our record, whoever indexed it (the tailer
 	// may have seen our append first).

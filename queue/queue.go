@@ -44,6 +44,7 @@ type Queue struct {
 	mu       sync.Mutex
 	inflight map[string]struct{}  // env keys being enqueued in process
 	known    map[string]*prepared // appended in process, not yet indexed: "log 0 offset" → record
+	cache    *envCache
 	closed   bool
 
 	closeOnce sync.Once
@@ -112,6 +113,7 @@ func Open(dir string, opts *Options) (*Queue, error) {
 		notify:   make(chan struct{}, 1),
 		inflight: map[string]struct{}{},
 		known:    map[string]*prepared{},
+		cache:    newEnvCache(envCacheSize),
 		stop:     make(chan struct{}),
 		ready:    make(chan struct{}),
 	}
@@ -344,8 +346,25 @@ func trimSpace(b []byte) []byte {
 	return b
 }
 
-// readEnvelope loads an indexed envelope's record from its log.
+// readEnvelope loads an indexed envelope's record from its log (or the
+// cache of recent envelopes). The result is the caller's copy.
 func (q *Queue) readEnvelope(e *envRec) (*envelope.Envelope, error) {
+	key := cacheKey(e.Log, e.Off)
+	if env := q.cache.get(key); env != nil {
+		// The log must still exist: a record whose log was deleted is
+		// lost, whatever a cache remembers.
+		if _, err := os.Stat(filepath.Join(q.dir, e.Log)); err == nil {
+			return env, nil
+		}
+	}
+	env, err := q.readEnvelopeFile(e)
+	if err == nil {
+		q.cache.put(key, env)
+	}
+	return env, err
+}
+
+func (q *Queue) readEnvelopeFile(e *envRec) (*envelope.Envelope, error) {
 	b, err := applog.ReadAt(filepath.Join(q.dir, e.Log), e.Off, e.Len)
 	if err != nil {
 		return nil, fmt.Errorf("read envelope record: %w", err)
