@@ -71,6 +71,22 @@ func decide(err error, panicked, interrupted, timedOut bool) decision {
 		out: queue.Outcome{State: envelope.StateRetryable, Class: class, RetryAfter: de.RetryAfter}}
 }
 
+// forProvider adjusts a decision for a provider that cannot redeliver
+// idempotently (Telegram): a retryable failure whose request may have
+// reached the service (a 5xx, a network error, an unknown error) is not
+// resent blindly but left for reconciliation, like a lost receipt. Only
+// failures that certainly sent nothing (rate limits, quotas) are retried.
+func forProvider(d decision, idempotent bool) decision {
+	if idempotent || !d.commit || d.out.State != envelope.StateRetryable || d.call == callPanic {
+		return d
+	}
+	switch d.out.Class {
+	case envelope.ClassRateLimited, envelope.ClassQuotaExceeded:
+		return d
+	}
+	return decision{call: callLost, out: queue.Outcome{State: envelope.StateSending, Class: d.out.Class}}
+}
+
 // deliver runs one claimed row under an "outbox.deliver" span.
 func (w *Worker) deliver(ctx context.Context, l *queue.Lease, callDone func()) result {
 	ch := l.Channel
@@ -115,7 +131,7 @@ func (w *Worker) deliverLease(ctx context.Context, l *queue.Lease, callDone func
 	start := time.Now()
 	rcpt, panicked, err := callDeliver(callCtx, w.providers[ch], l.Key, msg)
 	callDone()
-	d := decide(err, panicked, ctx.Err() != nil, callCtx.Err() != nil)
+	d := forProvider(decide(err, panicked, ctx.Err() != nil, callCtx.Err() != nil), w.idem[ch])
 	w.metrics.providerCall.WithLabelValues(string(ch), d.call).Observe(time.Since(start).Seconds())
 	if panicked {
 		w.metrics.panics.WithLabelValues(string(ch)).Inc()

@@ -63,6 +63,7 @@ type Worker struct {
 	// claims may skip fsync (a claim lost in a machine crash only means a
 	// harmless redelivery under the same key).
 	idempotent bool
+	idem       map[envelope.Channel]bool // per channel: its provider redelivers idempotently
 
 	slots     chan struct{} // one token per task in flight
 	slotFreed chan struct{} // a task finished (coalesced)
@@ -104,6 +105,7 @@ func New(cfg Config) (*Worker, error) {
 		leases:    c.Store,
 		providers: c.Providers,
 		names:     make(map[envelope.Channel]string, len(c.Providers)),
+		idem:      make(map[envelope.Channel]bool, len(c.Providers)),
 		limiters:  make(map[envelope.Channel]*rate.Limiter),
 		log:       c.Logger,
 		now:       c.Now,
@@ -126,6 +128,7 @@ func New(cfg Config) (*Worker, error) {
 		if !p.Capabilities().IdempotentRedelivery {
 			allIdempotent = false
 		}
+		w.idem[ch] = p.Capabilities().IdempotentRedelivery
 		name := p.Capabilities().Name
 		if name == "" {
 			name = "unnamed"

@@ -850,6 +850,32 @@ func TestDecide(t *testing.T) {
 			}
 		})
 	}
+	t.Run("NotIdempotent", func(t *testing.T) {
+		// Telegram-like providers: an ambiguous failure is reconciled, not resent.
+		for _, tc := range []struct {
+			err    error
+			commit bool
+		}{
+			{envelope.Retryable(envelope.ClassProviderUnavailable, raw), false},
+			{envelope.Retryable(envelope.ClassNetwork, raw), false},
+			{raw, false},
+			{envelope.RetryAfter(envelope.ClassRateLimited, time.Second, raw), true},
+			{envelope.Retryable(envelope.ClassQuotaExceeded, raw), true},
+			{envelope.Permanent(envelope.ClassInvalidRequest, raw), true},
+			{nil, true},
+		} {
+			d := forProvider(decide(tc.err, false, false, false), false)
+			if d.commit != tc.commit {
+				t.Errorf("%v: commit = %v, want %v", tc.err, d.commit, tc.commit)
+			}
+			if !tc.commit && (d.out.State != envelope.StateSending || d.call != callLost) {
+				t.Errorf("%v: = %+v, want left sending for reconciliation", tc.err, d)
+			}
+			if d2 := forProvider(decide(tc.err, false, false, false), true); d2 != decide(tc.err, false, false, false) {
+				t.Errorf("%v: idempotent provider decision changed", tc.err)
+			}
+		}
+	})
 	t.Run("RetryAfter", func(t *testing.T) {
 		d := decide(envelope.RetryAfter(envelope.ClassRateLimited, time.Minute, raw), false, false, false)
 		if d.out.RetryAfter != time.Minute {
