@@ -61,7 +61,8 @@
 // Store.Recover: a seam lease that expires is returned to pending by the
 // worker's own Recover pass (rows leased with ExpireToPending go straight
 // back to pending), after which the envelope is offered again. A status
-// for an envelope whose lease this process does not hold (after a restart,
-// or after the lease expired) is answered 409 lease_lost: fetch /pending
-// again. Chat envelopes (several segments) are never offered to the seam.
+// that carries the fence /pending returned commits even after a restart of
+// this process (the store checks the fence); one without a fence, for an
+// envelope whose lease this process does not hold, is answered 409
+// lease_lost: fetch /pending again. Chat envelopes (several segments) are never offered to the seam.
 package httpapi

@@ -189,6 +189,11 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	l := a.leases.get(tenantOr(tenant), id)
+	if l == nil && req.Fence != nil {
+		// Not in memory (a restart, an evicted entry): the fence the
+		// caller got from /pending is enough, the store checks it.
+		l = &queue.Lease{Key: envelope.Key{Tenant: tenantOr(tenant), EnvelopeID: id}, Owner: SeamOwner, Fence: *req.Fence}
+	}
 	if l == nil {
 		// A concurrent status may have just committed and dropped it.
 		return a.noopIfSettled(w, r, tenant, id, errNoLease)

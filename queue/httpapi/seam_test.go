@@ -288,6 +288,27 @@ func TestStatus_LeaseLostAfterRestart(t *testing.T) {
 	}
 }
 
+// With the fence from /pending, a status after a restart of the HTTP layer
+// still commits (the store checks the fence); a wrong fence is refused.
+func TestStatus_FenceSurvivesRestart(t *testing.T) {
+	f := newFixture(t)
+	f.grant("", "u_1")
+	f.enqueue(http.StatusCreated, digest("e/1", "u_1"))
+	p := f.pending("email", 1)
+	if len(p.Leases) != 1 {
+		t.Fatalf("pending = %+v", p)
+	}
+	f.reopen()
+	code, _, eb := f.status("e/1", fmt.Sprintf(`{"status":"delivered","fence":%d}`, p.Leases[0].Fence+1))
+	if code != http.StatusConflict || eb.Error.Code != CodeStaleFence {
+		t.Fatalf("wrong fence after restart: %d %+v", code, eb)
+	}
+	code, rep, eb := f.status("e/1", fmt.Sprintf(`{"status":"delivered","fence":%d}`, p.Leases[0].Fence))
+	if code != http.StatusOK || rep.Status != queue.StatusDelivered {
+		t.Fatalf("right fence after restart: %d %+v %+v", code, rep, eb)
+	}
+}
+
 func TestStatus_ExpiredSeamLease(t *testing.T) {
 	f := newFixture(t, func(c *Config) { c.SeamLease = time.Minute })
 	f.grant("", "u_1")
