@@ -64,5 +64,6 @@
 // that carries the fence /pending returned commits even after a restart of
 // this process (the store checks the fence); one without a fence, for an
 // envelope whose lease this process does not hold, is answered 409
-// lease_lost: fetch /pending again. Chat envelopes (several segments) are never offered to the seam.
+// lease_lost: fetch /pending again. Chat envelopes (several segments) are
+// never offered to the seam.
 package httpapi
