@@ -55,6 +55,7 @@ func (q *Queue) Check() (*Report, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
+	q.barrier()
 	return checkDB(q.db, q.dir)
 }
 

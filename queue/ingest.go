@@ -38,8 +38,9 @@ type prepared struct {
 	line []byte
 	dup  bool
 	off  int64
-	ino  uint64 // the log's inode when appended
-	segs int    // rows of the stored envelope (ours or the one we duplicate)
+	ino  uint64    // the log's inode when appended
+	segs int       // rows of the stored envelope (ours or the one we duplicate)
+	at   time.Time // when Enqueue was called: the row's enqueue time
 }
 
 func knownKey(rel string, off int64) string { return rel + "\x00" + strconv.FormatInt(off, 10) }
@@ -82,6 +83,7 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
+	now := q.opts.Now()
 	items := make([]*prepared, len(envs))
 	for i, in := range envs {
 		if in == nil {
@@ -104,13 +106,14 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 			rel:  applog.RelPath(e.TenantID, e.UserID),
 			line: append(line, '\n'),
 			segs: Segments(e),
+			at:   now,
 		}
 	}
 
 	// Consent and duplicates, then reserve the new keys against
 	// concurrent enqueues of the same ids.
 	reserved, err := q.reserve(ctx, items)
-	defer q.unreserve(reserved)
+	defer func() { q.unreserve(reserved) }()
 	if err != nil {
 		return nil, err
 	}
@@ -156,51 +159,46 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 
 	// Index: the writer catches each log up to (at least) our records. The
 	// records appended in this process are registered so that any catch-up
-	// indexes them without reading or validating them again.
+	// indexes them without reading or validating them again. Enqueue does
+	// not wait for it: the records are durable, the writer applies index
+	// updates in order, and every read of the store waits for the index
+	// updates submitted before it (see barrier), so a caller still reads
+	// its own writes. The reservations hold until the index is written.
 	q.register(items)
-	defer q.unregister(items)
 	for _, it := range items {
 		if !it.dup {
 			q.cache.put(cacheKey(it.rel, it.off), it.env)
 		}
 	}
-	// An envelope is ours (not a duplicate) when the index entry of its
-	// (tenant, id) points at our record, whoever indexed it (the tailer
-	// may have seen our append first).
-	created := map[string]bool{}
-	err = q.write(context.WithoutCancel(ctx), true, func(tx *bolt.Tx) error {
+	keep := reserved
+	reserved = nil // released by the index op, not by the deferred unreserve
+	q.submitIndex(func(tx *bolt.Tx) error {
 		for _, rel := range logs {
 			if err := q.catchUp(tx, rel, q.lookup); err != nil {
 				return err
 			}
 		}
-		for _, it := range items {
-			e, err := getEnv(tx, it.ek)
-			if err != nil || e == nil {
-				continue
-			}
-			it.segs = e.Segs
-			if !it.dup && e.Log == it.rel && e.Off == it.off {
-				created[string(it.ek)] = true
-			}
-		}
 		return nil
+	}, func(err error) {
+		q.unregister(items)
+		q.unreserve(keep)
+		if err != nil && !errors.Is(err, ErrClosed) {
+			// The records are durable in the logs: the tailer's rescan or
+			// the next Open indexes them.
+			q.log.Error("index enqueued records failed; the rescan will retry", "operation", "enqueue", "status", "error")
+			q.Rescan()
+		}
+		q.wake()
 	})
-	if err != nil {
-		// The records are durable in the logs: the tailer or the next
-		// Open indexes them. Report the failure all the same.
-		return nil, fmt.Errorf("enqueue: index: %w", err)
-	}
 	res := make([]EnqueueResult, len(items))
 	for i, it := range items {
-		res[i] = EnqueueResult{Tenant: it.env.TenantID, ID: it.env.ID, Duplicate: it.dup || !created[string(it.ek)], Segments: it.segs}
-		if !res[i].Duplicate {
+		res[i] = EnqueueResult{Tenant: it.env.TenantID, ID: it.env.ID, Duplicate: it.dup, Segments: it.segs}
+		if !it.dup {
 			q.m.enqueued.WithLabelValues(string(it.env.Channel)).Inc()
 		} else {
 			q.m.duplicates.Inc()
 		}
 	}
-	q.wake()
 	return res, nil
 }
 
@@ -229,18 +227,23 @@ func (q *Queue) consentFor(ctx context.Context, tx *bolt.Tx, tenant, user string
 // reserve checks consent, marks duplicates and reserves the new keys; it
 // returns the keys reserved (to release after indexing).
 func (q *Queue) reserve(ctx context.Context, items []*prepared) ([]string, error) {
-	seen := map[string]bool{}
-	err := q.view(func(tx *bolt.Tx) error {
+	first := map[string]*prepared{}
+	err := q.viewNow(func(tx *bolt.Tx) error {
 		if err := q.checkConsent(ctx, tx, items); err != nil {
 			return err
 		}
-		b := tx.Bucket(bktEnv)
 		for _, it := range items {
 			k := string(it.ek)
-			if seen[k] || b.Get(it.ek) != nil {
-				it.dup = true
+			if p := first[k]; p != nil {
+				it.dup, it.segs = true, p.segs
+				continue
 			}
-			seen[k] = true
+			first[k] = it
+			if e, err := getEnv(tx, it.ek); err != nil {
+				return err
+			} else if e != nil {
+				it.dup, it.segs = true, e.Segs
+			}
 		}
 		return nil
 	})
@@ -273,10 +276,15 @@ func (q *Queue) reserve(ctx context.Context, items []*prepared) ([]string, error
 		// Another enqueue of the same id is in flight: wait for it, then
 		// look again (it is a duplicate once indexed).
 		time.Sleep(50 * time.Microsecond)
-		err := q.view(func(tx *bolt.Tx) error {
+		err := q.viewNow(func(tx *bolt.Tx) error {
 			for _, it := range items {
-				if !it.dup && tx.Bucket(bktEnv).Get(it.ek) != nil {
-					it.dup = true
+				if it.dup {
+					continue
+				}
+				if e, err := getEnv(tx, it.ek); err != nil {
+					return err
+				} else if e != nil {
+					it.dup, it.segs = true, e.Segs
 				}
 			}
 			return nil
@@ -383,10 +391,9 @@ func (q *Queue) catchUpKnown(tx *bolt.Tx, rel string, known func(string) *prepar
 	if p == nil || (v != nil && ino != p.ino) {
 		return false, nil
 	}
-	now := q.opts.Now()
 	ino = p.ino
 	for ; p != nil; p = known(knownKey(rel, off)) {
-		if _, err := q.indexRecord(tx, rel, off, len(p.line)-1, p.env, p.segs, now, true); err != nil {
+		if _, err := q.indexRecord(tx, rel, off, len(p.line)-1, p.env, p.segs, p.at, true); err != nil {
 			return false, err
 		}
 		off += int64(len(p.line))
@@ -462,11 +469,11 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared) e
 			}
 			env = e
 		}
-		segs := 0
+		segs, at := 0, now
 		if p != nil {
-			segs = p.segs
+			segs, at = p.segs, p.at
 		}
-		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, segs, now, p != nil)
+		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, segs, at, p != nil)
 		if err != nil {
 			return err
 		}

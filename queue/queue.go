@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
@@ -39,9 +40,11 @@ type Queue struct {
 	// beforeCommit, set only by tests, runs inside every write transaction
 	// after its ops: an error fails the transaction (a full disk, an I/O
 	// error during the bbolt commit).
-	beforeCommit func() error
+	beforeCommit atomic.Pointer[func() error]
 
 	mu       sync.Mutex
+	submitMu sync.Mutex           // orders index submissions with lastIdx
+	lastIdx  *op                  // the last index update submitted (guarded by mu)
 	inflight map[string]struct{}  // env keys being enqueued in process
 	known    map[string]*prepared // appended in process, not yet indexed: "log 0 offset" → record
 	cache    *envCache
@@ -60,10 +63,22 @@ var _ Store = (*Queue)(nil)
 // transaction. fn must check before it writes: an error return must leave
 // the transaction as fn found it (other ops commit with it).
 type op struct {
-	fn   func(tx *bolt.Tx) error
-	lazy bool // may skip fsync: the data is durable elsewhere (the logs)
-	err  error
-	done chan struct{}
+	fn    func(tx *bolt.Tx) error
+	lazy  bool // may skip fsync: the data is durable elsewhere (the logs)
+	err   error
+	done  chan struct{}
+	after func(err error) // run by the writer once the op is committed (or failed)
+}
+
+// finish completes an op.
+func (o *op) finish(err error) {
+	if err != nil {
+		o.err = err
+	}
+	close(o.done)
+	if o.after != nil {
+		o.after(o.err)
+	}
 }
 
 // StoreInUseError is returned by Open when another process holds the store.
@@ -171,6 +186,7 @@ func (q *Queue) init() error {
 func (q *Queue) Close() error {
 	var err error
 	q.closeOnce.Do(func() {
+		q.barrier() // acknowledged enqueues are indexed before the store closes
 		q.mu.Lock()
 		q.closed = true
 		q.mu.Unlock()
@@ -223,8 +239,7 @@ func (q *Queue) writeLoop() {
 			for {
 				select {
 				case o := <-q.ops:
-					o.err = ErrClosed
-					close(o.done)
+					o.finish(ErrClosed)
 				default:
 					return
 				}
@@ -249,16 +264,17 @@ func (q *Queue) writeLoop() {
 			for _, o := range batch {
 				o.err = o.fn(tx)
 			}
-			if q.beforeCommit != nil {
-				return q.beforeCommit()
+			if hook := q.beforeCommit.Load(); hook != nil {
+				return (*hook)()
 			}
 			return nil
 		})
 		for _, o := range batch {
 			if err != nil {
-				o.err = fmt.Errorf("commit index: %w", err)
+				o.finish(fmt.Errorf("commit index: %w", err))
+			} else {
+				o.finish(nil)
 			}
-			close(o.done)
 		}
 		switch {
 		case err != nil:
@@ -294,7 +310,45 @@ func (q *Queue) write(ctx context.Context, lazy bool, fn func(tx *bolt.Tx) error
 	return o.err
 }
 
+// submitIndex queues an index update without waiting for it; after runs
+// once it is committed. Reads wait for it (barrier).
+func (q *Queue) submitIndex(fn func(tx *bolt.Tx) error, after func(error)) {
+	o := &op{fn: fn, lazy: true, done: make(chan struct{}), after: after}
+	q.submitMu.Lock()
+	defer q.submitMu.Unlock()
+	q.mu.Lock()
+	q.lastIdx = o
+	q.mu.Unlock()
+	select {
+	case q.ops <- o:
+	case <-q.stop:
+		o.finish(ErrClosed)
+	}
+}
+
+// barrier waits until every index update submitted before it is applied:
+// a read after an Enqueue returned sees what it enqueued.
+func (q *Queue) barrier() {
+	q.mu.Lock()
+	o := q.lastIdx
+	q.mu.Unlock()
+	if o != nil {
+		<-o.done
+	}
+}
+
+// view runs a read transaction after the pending index updates.
 func (q *Queue) view(fn func(tx *bolt.Tx) error) error {
+	if q.isClosed() {
+		return ErrClosed
+	}
+	q.barrier()
+	return q.db.View(fn)
+}
+
+// viewNow runs a read transaction without waiting for pending index
+// updates (Enqueue's own checks, which rely on its reservations instead).
+func (q *Queue) viewNow(fn func(tx *bolt.Tx) error) error {
 	if q.isClosed() {
 		return ErrClosed
 	}
