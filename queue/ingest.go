@@ -75,7 +75,16 @@ func (q *Queue) lookup(key string) *prepared {
 
 // Enqueue implements Store. The records are appended to the users' logs
 // (one write and one fsync per log, shared with concurrent enqueues) and
-// indexed before it returns.
+// Enqueue returns once they are on stable storage. The index update follows
+// in the writer's order; every read of the store (Get, List, Claim, …)
+// waits for the updates submitted before it, so a caller reads its own
+// writes. If that update fails (a full disk), the records stay durable in
+// their logs and are indexed by the next rescan or Open.
+//
+// Duplicates are decided before the append, against the index and the
+// enqueues in flight in this process. A line with the same id appended by
+// another process at the same moment is still indexed only once, but this
+// call may then report created for the copy that lost.
 func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]EnqueueResult, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
