@@ -218,7 +218,13 @@ func checkDoc(data []byte, typed *Envelope) (*Envelope, []Problem) {
 		}
 	}
 	var top map[string]json.RawMessage
-	if err := json.Unmarshal(data, &top); err != nil || top == nil {
+	if typed != nil {
+		// data is typed's encoding: the fields goRules looks at are known.
+		top = map[string]json.RawMessage{"payload": typed.Payload}
+		if typed.TenantID != "" {
+			top["tenant_id"] = nil
+		}
+	} else if err := json.Unmarshal(data, &top); err != nil || top == nil {
 		return nil, []Problem{{Rule: "must be a JSON object"}}
 	}
 
