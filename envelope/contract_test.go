@@ -381,3 +381,31 @@ func TestSchema_MatchesGoTypes(t *testing.T) {
 		})
 	}
 }
+
+// ValidEncoding returns exactly json.Marshal's encoding of a valid envelope
+// (the queue stores it as the log line) and nothing for an invalid one.
+func TestValidEncoding(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join("..", "testdata", "delivery", "*.golden.json"))
+	if len(files) == 0 {
+		t.Fatal("no golden fixtures")
+	}
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := envelope.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := envelope.ValidEncoding(e)
+		want, _ := json.Marshal(e)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s: ValidEncoding = %s, %v; want %s", f, got, err, want)
+		}
+		e.Payload = json.RawMessage(`{}`)
+		if b, err := envelope.ValidEncoding(e); err == nil || b != nil {
+			t.Fatalf("%s with an empty payload: %s, %v", f, b, err)
+		}
+	}
+}

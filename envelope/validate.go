@@ -113,8 +113,16 @@ func Parse(data []byte) (*Envelope, error) {
 // encoding would silently repair (invalid UTF-8). It returns nil or a
 // *ValidationError. e is not modified.
 func Validate(e *Envelope) error {
+	_, err := ValidEncoding(e)
+	return err
+}
+
+// ValidEncoding validates e like Validate and returns its JSON encoding
+// (what json.Marshal(e) produces) when it is valid, so that a caller that
+// stores the envelope need not encode it twice.
+func ValidEncoding(e *Envelope) ([]byte, error) {
 	if e == nil {
-		return &ValidationError{Problems: []Problem{{Rule: "missing envelope"}}}
+		return nil, &ValidationError{Problems: []Problem{{Rule: "missing envelope"}}}
 	}
 	// Problems that encoding would hide or fail on; the copy is encoded
 	// without the offending values so that every other problem is found too.
@@ -162,14 +170,14 @@ func Validate(e *Envelope) error {
 	}
 	data, err := json.Marshal(&cp)
 	if err != nil {
-		return &ValidationError{Problems: sortProblems(append(pre, Problem{Rule: "cannot be encoded as JSON"}))}
+		return nil, &ValidationError{Problems: sortProblems(append(pre, Problem{Rule: "cannot be encoded as JSON"}))}
 	}
 	_, problems := checkDoc(data, &cp)
 	problems = sortProblems(mergeProblems(pre, problems))
 	if len(problems) > 0 {
-		return &ValidationError{Problems: capProblems(problems)}
+		return nil, &ValidationError{Problems: capProblems(problems)}
 	}
-	return nil
+	return data, nil
 }
 
 // Rule texts shared by several checks.

@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -33,10 +32,7 @@ func Append(dir string, envs ...*envelope.Envelope) error {
 		if e.TenantID == "" {
 			e.TenantID = envelope.DefaultTenant
 		}
-		if err := envelope.Validate(e); err != nil {
-			return &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
-		}
-		line, err := json.Marshal(e)
+		line, err := envelope.ValidEncoding(e)
 		if err != nil {
 			return &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
 		}

@@ -102,10 +102,7 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 		if e.TenantID == "" {
 			e.TenantID = envelope.DefaultTenant
 		}
-		if err := envelope.Validate(e); err != nil {
-			return nil, &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
-		}
-		line, err := json.Marshal(e)
+		line, err := envelope.ValidEncoding(e)
 		if err != nil {
 			return nil, &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
 		}
