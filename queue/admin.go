@@ -153,45 +153,6 @@ func (q *Queue) cursor(p *Page, tx *bolt.Tx) []byte {
 	return b
 }
 
-// Counts implements Store.
-func (q *Queue) Counts(ctx context.Context, tenant string) (Counts, error) {
-	out := Counts{}
-	err := q.view(func(tx *bolt.Tx) error {
-		envs := tx.Bucket(bktEnv)
-		chans := map[string]envelope.Channel{}
-		return tx.Bucket(bktRows).ForEach(func(k, v []byte) error {
-			ek, _ := splitRowKey(k)
-			t, _ := splitEnvKey(ek)
-			if tenant != "" && t != tenant {
-				return nil
-			}
-			ch, ok := chans[string(ek)]
-			if !ok {
-				var e envRec
-				if raw := envs.Get(ek); raw != nil {
-					if err := jsonUnmarshal(raw, &e); err != nil {
-						return err
-					}
-				}
-				ch = e.Channel
-				if len(chans) < 4096 {
-					chans[string(ek)] = ch
-				}
-			}
-			var r rowRec
-			if err := jsonUnmarshal(v, &r); err != nil {
-				return err
-			}
-			if out[r.State] == nil {
-				out[r.State] = map[envelope.Channel]int{}
-			}
-			out[r.State][ch]++
-			return nil
-		})
-	})
-	return out, err
-}
-
 // operator applies fn to every segment of an envelope in an operator
 // transaction; fn returns whether it changed the row.
 func (q *Queue) operator(ctx context.Context, tenant, id string, fn func(r *rowRec, now time.Time) bool) error {
@@ -251,7 +212,7 @@ func (q *Queue) operator(ctx context.Context, tenant, id string, fn func(r *rowR
 				nr.Due = 0
 			}
 			old := c.old
-			if err := putRow(tx, ek, c.seg, e, tenant, &old, &nr); err != nil {
+			if err := q.putRow(tx, ek, c.seg, e, tenant, &old, &nr); err != nil {
 				return err
 			}
 		}
@@ -261,7 +222,7 @@ func (q *Queue) operator(ctx context.Context, tenant, id string, fn func(r *rowR
 			if r != nil && r.State == envelope.StatePending && r.Due == 0 {
 				old := *r
 				r.Due = now.UnixNano()
-				if err := putRow(tx, ek, first, e, tenant, &old, r); err != nil {
+				if err := q.putRow(tx, ek, first, e, tenant, &old, r); err != nil {
 					return err
 				}
 			}
@@ -370,7 +331,7 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 			ids = append(ids, string(k[len(prefix):]))
 		}
 		for _, id := range ids {
-			rel, err := deleteEnvelope(tx, tenant, id)
+			rel, err := q.deleteEnvelope(tx, tenant, id)
 			if err != nil {
 				return err
 			}
@@ -407,7 +368,7 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 
 // deleteEnvelope removes an envelope's entry, rows and index entries. It
 // returns the envelope's log.
-func deleteEnvelope(tx *bolt.Tx, tenant, id string) (string, error) {
+func (q *Queue) deleteEnvelope(tx *bolt.Tx, tenant, id string) (string, error) {
 	ek := envKey(tenant, id)
 	e, err := getEnv(tx, ek)
 	if err != nil || e == nil {
@@ -420,7 +381,7 @@ func deleteEnvelope(tx *bolt.Tx, tenant, id string) (string, error) {
 			return "", err
 		}
 		if r != nil {
-			if err := putRow(tx, ek, seg, e, tenant, r, &rowRec{}); err != nil {
+			if err := q.putRow(tx, ek, seg, e, tenant, r, &rowRec{}); err != nil {
 				return "", err
 			}
 			if err := tx.Bucket(bktRows).Delete(rk); err != nil {
@@ -490,7 +451,7 @@ func (q *Queue) Prune(ctx context.Context) (int, error) {
 			return err
 		}
 		for _, v := range victims {
-			if _, err := deleteEnvelope(tx, v.tenant, v.id); err != nil {
+			if _, err := q.deleteEnvelope(tx, v.tenant, v.id); err != nil {
 				return err
 			}
 			n++

@@ -110,10 +110,10 @@ func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, r
 	if e.Exp > 0 && nowN >= e.Exp {
 		r.State, r.Class, r.Due, r.Updated = envelope.StateExpired, envelope.ClassExpired, 0, nowN
 		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: r.State, Class: r.Class})
-		if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+		if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
 			return nil, nil, err
 		}
-		return nil, nil, settleRest(tx, ek, e, seg, envelope.StateExpired, envelope.ClassExpired, now)
+		return nil, nil, q.settleRest(tx, ek, e, seg, envelope.StateExpired, envelope.ClassExpired, now)
 	}
 	ck := tenant + "\x00" + e.User
 	ca, ok := users[ck]
@@ -134,18 +134,18 @@ func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, r
 		q.log.Error("envelope record unreadable; row dead-lettered", "operation", "claim", "status", "error", "error_class", string(envelope.ClassRecordLost))
 		r.State, r.Class, r.Due, r.Updated = envelope.StateDeadLetter, envelope.ClassRecordLost, 0, nowN
 		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: r.State, Class: r.Class})
-		if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+		if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
 			return nil, nil, err
 		}
-		return nil, nil, settleRest(tx, ek, e, seg, envelope.StateDeadLetter, envelope.ClassRecordLost, now)
+		return nil, nil, q.settleRest(tx, ek, e, seg, envelope.StateDeadLetter, envelope.ClassRecordLost, now)
 	}
 	if allowed, why := ca.c.Allows(ca.found, env); !allowed {
 		r.State, r.Class, r.Due, r.Updated = envelope.StateSuppressed, why, 0, nowN
 		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: r.State, Class: r.Class})
-		if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+		if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
 			return nil, nil, err
 		}
-		return nil, nil, settleRest(tx, ek, e, seg, envelope.StateSuppressed, why, now)
+		return nil, nil, q.settleRest(tx, ek, e, seg, envelope.StateSuppressed, why, now)
 	}
 	r.Prev = r.State
 	r.State = envelope.StateSending
@@ -156,7 +156,7 @@ func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, r
 	r.Due = 0
 	r.ToPending = req.ExpireToPending
 	r.Updated = nowN
-	if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+	if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
 		return nil, nil, err
 	}
 	return &Lease{
@@ -280,7 +280,7 @@ func (q *Queue) Commit(ctx context.Context, l *Lease, out Outcome) error {
 		}
 		r.Updated = now.UnixNano()
 		r.History = append(r.History, Attempt{Attempt: attempts, At: now, State: state, Class: r.Class})
-		if err := putRow(tx, ek, l.Key.Segment, e, tenant, &old, r); err != nil {
+		if err := q.putRow(tx, ek, l.Key.Segment, e, tenant, &old, r); err != nil {
 			return err
 		}
 		switch {
@@ -294,7 +294,7 @@ func (q *Queue) Commit(ctx context.Context, l *Lease, out Outcome) error {
 			if nr.State == envelope.StatePending && nr.Due == 0 {
 				o2 := *nr
 				nr.Due = now.UnixNano()
-				if err := putRow(tx, ek, l.Key.Segment+1, e, tenant, &o2, nr); err != nil {
+				if err := q.putRow(tx, ek, l.Key.Segment+1, e, tenant, &o2, nr); err != nil {
 					return err
 				}
 				wake = true
@@ -336,12 +336,12 @@ func (q *Queue) suppressRest(tx *bolt.Tx, ek []byte, e *envRec, seg int, reason 
 	if err := putConsent(tx, tenant, e.User, c); err != nil {
 		return err
 	}
-	return settleRest(tx, ek, e, seg, envelope.StateSuppressed, reason, now)
+	return q.settleRest(tx, ek, e, seg, envelope.StateSuppressed, reason, now)
 }
 
 // settleRest moves an envelope's segments after seg that are still waiting
 // (pending, not yet due) to state: they can never go once seg did not.
-func settleRest(tx *bolt.Tx, ek []byte, e *envRec, seg int, state envelope.State, class envelope.ErrorClass, now time.Time) error {
+func (q *Queue) settleRest(tx *bolt.Tx, ek []byte, e *envRec, seg int, state envelope.State, class envelope.ErrorClass, now time.Time) error {
 	tenant, _ := splitEnvKey(ek)
 	for s := seg + 1; s < e.Segs; s++ {
 		r, err := getRow(tx, rowKey(ek, s))
@@ -354,7 +354,7 @@ func settleRest(tx *bolt.Tx, ek []byte, e *envRec, seg int, state envelope.State
 		old := *r
 		r.State, r.Class, r.Due, r.Updated = state, class, 0, now.UnixNano()
 		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: state, Class: class})
-		if err := putRow(tx, ek, s, e, tenant, &old, r); err != nil {
+		if err := q.putRow(tx, ek, s, e, tenant, &old, r); err != nil {
 			return err
 		}
 	}
@@ -390,7 +390,7 @@ func (q *Queue) Release(ctx context.Context, l *Lease) error {
 			// is reconciled again, never redelivered blindly.
 			r.Owner, r.LeaseEnd = "", now.UnixNano()
 			r.Updated = now.UnixNano()
-			return putRow(tx, ek, l.Key.Segment, e, l.Key.Tenant, &old, r)
+			return q.putRow(tx, ek, l.Key.Segment, e, l.Key.Tenant, &old, r)
 		}
 		r.State = r.Prev
 		if r.State == "" {
@@ -402,7 +402,7 @@ func (q *Queue) Release(ctx context.Context, l *Lease) error {
 		r.Owner, r.LeaseEnd, r.ToPending, r.Prev = "", 0, false, ""
 		r.Due = now.UnixNano()
 		r.Updated = now.UnixNano()
-		return putRow(tx, ek, l.Key.Segment, e, l.Key.Tenant, &old, r)
+		return q.putRow(tx, ek, l.Key.Segment, e, l.Key.Tenant, &old, r)
 	})
 	if err == nil {
 		q.wake()
@@ -464,7 +464,7 @@ func (q *Queue) Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error)
 				r.State = envelope.StatePending
 				r.Owner, r.LeaseEnd, r.ToPending, r.Prev = "", 0, false, ""
 				r.Due, r.Updated = nowN, nowN
-				if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+				if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
 					return err
 				}
 				q.m.seamExpired.Inc()
@@ -476,7 +476,7 @@ func (q *Queue) Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error)
 			r.Fence = nextCounter(tx, keyFence)
 			r.LeaseEnd = now.Add(req.Lease).UnixNano()
 			r.Updated = nowN
-			if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+			if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
 				return err
 			}
 			out = append(out, claimed{&Lease{
@@ -588,7 +588,7 @@ func (q *Queue) ReturnExpiredSeam(ctx context.Context) (int, error) {
 			r.State = envelope.StatePending
 			r.Owner, r.LeaseEnd, r.ToPending, r.Prev = "", 0, false, ""
 			r.Due, r.Updated = nowN, nowN
-			if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+			if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
 				return err
 			}
 			q.m.seamExpired.Inc()

@@ -248,7 +248,7 @@ func Rebuild(dir string, opts *Options) (int, error) {
 					r.State, r.Class = envelope.StateUnresolved, envelope.ClassIndexRebuilt
 				}
 				r.History = append(r.History, Attempt{At: now, State: r.State, Class: r.Class})
-				if err := putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+				if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
 					return err
 				}
 			}

@@ -1,9 +1,12 @@
 package queue
 
 import (
+	"fmt"
+
 	"context"
 	"encoding/json"
 	"errors"
+	bolt "go.etcd.io/bbolt"
 	"io"
 	"log/slog"
 	"os"
@@ -119,6 +122,7 @@ func TestFault_BatchAcrossLogsWithdrawn(t *testing.T) {
 func TestFault_IndexCommitFails(t *testing.T) {
 	dir := t.TempDir()
 	q := openFault(t, dir)
+	rows(t, q) // counts are kept from here on
 	q.setBeforeCommit(func() error { return syscall.ENOSPC })
 	if _, err := q.Enqueue(context.Background(), faultEnvelope("x", "u")); err != nil {
 		t.Fatalf("Enqueue = %v: the record is durable in its log", err)
@@ -238,4 +242,65 @@ func (q *Queue) setBeforeCommit(fn func() error) {
 		return
 	}
 	q.beforeCommit.Store(&fn)
+}
+
+// The in-memory counts stay equal to a full scan through enqueues, claims,
+// commits, releases, recoveries, erases and prunes.
+func TestCounts_MatchScan(t *testing.T) {
+	q := openFault(t, t.TempDir())
+	ctx := context.Background()
+	check := func(when string) {
+		t.Helper()
+		got, err := q.Counts(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want map[countKey]int
+		if err := q.db.View(func(tx *bolt.Tx) (err error) { want, err = scanCounts(tx); return err }); err != nil {
+			t.Fatal(err)
+		}
+		total := 0
+		for k, n := range want {
+			total += n
+			if got[k.state][k.channel] < n {
+				t.Fatalf("%s: counts %v, scan %v", when, got, want)
+			}
+		}
+		sum := 0
+		for s := range got {
+			sum += got.Total(s)
+		}
+		if sum != total {
+			t.Fatalf("%s: counts total %d, scan %d", when, sum, total)
+		}
+	}
+	check("empty")
+	for i := 0; i < 20; i++ {
+		if _, err := q.Enqueue(ctx, faultEnvelope(fmt.Sprintf("e%d", i), fmt.Sprintf("u%d", i%3))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("enqueued")
+	ls, err := q.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("claimed")
+	for i, l := range ls {
+		switch i % 4 {
+		case 0:
+			q.Commit(ctx, l, Outcome{State: envelope.StateSent})
+		case 1:
+			q.Commit(ctx, l, Outcome{State: envelope.StateRetryable, Class: envelope.ClassTimeout})
+		case 2:
+			q.Commit(ctx, l, Outcome{State: envelope.StateDeadLetter, Class: envelope.ClassInvalidRequest})
+		case 3:
+			q.Release(ctx, l)
+		}
+	}
+	check("committed")
+	if err := q.Erase(ctx, "", "u1"); err != nil {
+		t.Fatal(err)
+	}
+	check("erased")
 }

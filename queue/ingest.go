@@ -529,7 +529,7 @@ func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *enve
 		if seg == 0 && state == envelope.StatePending {
 			r.Due = due.UnixNano()
 		}
-		if err := putRow(tx, ek, seg, rec, env.TenantID, nil, r); err != nil {
+		if err := q.putRow(tx, ek, seg, rec, env.TenantID, nil, r); err != nil {
 			return false, err
 		}
 	}

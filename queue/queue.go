@@ -48,7 +48,11 @@ type Queue struct {
 	inflight map[string]struct{}  // env keys being enqueued in process
 	known    map[string]*prepared // appended in process, not yet indexed: "log 0 offset" → record
 	cache    *envCache
-	closed   bool
+
+	txDelta map[countKey]int // the running transaction's count changes (writer only)
+	cmu     sync.Mutex
+	counts  map[countKey]int // nil until the first Counts
+	closed  bool
 
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -260,6 +264,7 @@ func (q *Queue) writeLoop() {
 			lazy = lazy && o.lazy
 		}
 		q.db.NoSync = q.opts.NoSync || lazy
+		q.txDelta = map[countKey]int{}
 		err := q.db.Update(func(tx *bolt.Tx) error {
 			for _, o := range batch {
 				o.err = o.fn(tx)
@@ -269,6 +274,10 @@ func (q *Queue) writeLoop() {
 			}
 			return nil
 		})
+		if err == nil {
+			q.applyDelta(q.txDelta)
+		}
+		q.txDelta = nil
 		for _, o := range batch {
 			if err != nil {
 				o.finish(fmt.Errorf("commit index: %w", err))
