@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -349,4 +350,41 @@ func TestQueue_CrashDuringEnqueue(t *testing.T) {
 	}
 	t.Logf("%d kills, %d acknowledged enqueues, %d rows", kills, len(acked), total(t, q))
 	_ = filepath.Join
+}
+
+// Concurrent enqueues to one log share appends (group commit); each caller
+// must still read its own write at once, and nothing is indexed twice.
+func TestQueue_ConcurrentEnqueueReadYourWrites(t *testing.T) {
+	q := mustOpen(t, t.TempDir(), &queue.Options{RescanInterval: -1})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for p := 0; p < 16; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 40; i++ {
+				id := fmt.Sprintf("p%d-%d", p, i)
+				if _, err := q.Enqueue(ctx, queuetest.Reply(id, "same-user", "hi")); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := q.Get(ctx, "", id); err != nil {
+					errs <- fmt.Errorf("%s not readable right after Enqueue returned: %w", id, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := total(t, q); n != 640 {
+		t.Fatalf("rows = %d, want 640", n)
+	}
+	if qr, _ := q.Quarantined(); len(qr) != 0 {
+		t.Fatalf("quarantined: %+v", qr)
+	}
 }

@@ -109,11 +109,12 @@ type group struct {
 }
 
 type request struct {
-	data []byte
-	done chan struct{}
-	off  int64
-	ino  uint64
-	err  error
+	data    []byte
+	done    chan struct{}
+	off     int64
+	ino     uint64
+	err     error
+	written func(off int64, ino uint64)
 }
 
 func (a *Appender) group(rel string) *group {
@@ -132,13 +133,16 @@ func (a *Appender) group(rel string) *group {
 // the file as needed. It returns the offset at which data starts and the
 // file's inode once data is on stable storage. Either all of data is
 // appended or none of it is: a failed write is truncated away before the
-// lock is released.
-func (a *Appender) Append(rel string, data []byte) (int64, uint64, error) {
+// lock is released. written, when not nil, is called with the same offset
+// and inode as soon as the batch holding data is on stable storage, before
+// any append of that batch returns (so that every caller's records can be
+// known to the others before any of them proceeds).
+func (a *Appender) Append(rel string, data []byte, written func(off int64, ino uint64)) (int64, uint64, error) {
 	if len(data) == 0 || data[len(data)-1] != '\n' {
 		return 0, 0, errors.New("applog: append data must end with a newline")
 	}
 	g := a.group(rel)
-	r := &request{data: data, done: make(chan struct{})}
+	r := &request{data: data, done: make(chan struct{}), written: written}
 	g.mu.Lock()
 	g.pending = append(g.pending, r)
 	if g.leader {
@@ -177,6 +181,11 @@ func (a *Appender) flush(rel string, g *group, batch []*request) {
 	for _, r := range batch {
 		r.off, r.ino, r.err = off, ino, err
 		off += int64(len(r.data))
+		if err == nil && r.written != nil {
+			r.written(r.off, r.ino)
+		}
+	}
+	for _, r := range batch {
 		close(r.done)
 	}
 }

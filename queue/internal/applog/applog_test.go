@@ -88,7 +88,7 @@ func TestAppender_GroupCommit(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			off, _, err := a.Append("logs/t/u.jsonl", []byte("0123456789\n"))
+			off, _, err := a.Append("logs/t/u.jsonl", []byte("0123456789\n"), nil)
 			if err != nil {
 				t.Error(err)
 			}
