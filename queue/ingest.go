@@ -282,6 +282,26 @@ func (q *Queue) reserve(ctx context.Context, items []*prepared) ([]string, error
 				}
 			}
 			q.mu.Unlock()
+			// Another enqueue of the same id may have been indexed (and
+			// released its reservation) since the first look: look again,
+			// now that ours holds.
+			err := q.viewNow(func(tx *bolt.Tx) error {
+				for _, it := range items {
+					if it.dup {
+						continue
+					}
+					if e, err := getEnv(tx, it.ek); err != nil {
+						return err
+					} else if e != nil {
+						it.dup, it.segs = true, e.Segs
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				q.unreserve(reserved)
+				return nil, err
+			}
 			return reserved, nil
 		}
 		q.mu.Unlock()
@@ -460,20 +480,20 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared) e
 		if p != nil {
 			env = p.env
 		} else {
-			// The tailer leaves a record of an in-process Enqueue that has
-			// not finished (it may still withdraw it if its batch fails),
-			// and what follows, to that Enqueue; a cheap look at its ids
-			// spares validating it twice. An Enqueue's own catch-up indexes
-			// whatever precedes its records.
-			if known == nil {
-				var ids struct {
-					ID       string `json:"id"`
-					TenantID string `json:"tenant_id"`
-				}
-				if json.Unmarshal(ln.Data, &ids) == nil && q.isInflight(envKey(tenantOr(ids.TenantID), ids.ID)) {
-					end = ln.Off
-					break
-				}
+			// A record of an in-process Enqueue that is not registered yet
+			// (its batch is being synced; or, for the tailer, one that
+			// may still be withdrawn): leave it, and what follows, to that
+			// Enqueue's own catch-up. A cheap look at its ids spares
+			// validating it twice. This never skips a registered record:
+			// appends to a log are flushed one batch after another and a
+			// batch is registered before the next one is written.
+			var ids struct {
+				ID       string `json:"id"`
+				TenantID string `json:"tenant_id"`
+			}
+			if json.Unmarshal(ln.Data, &ids) == nil && q.isInflight(envKey(tenantOr(ids.TenantID), ids.ID)) {
+				end = ln.Off
+				break
 			}
 			e, err := envelope.Parse(ln.Data)
 			if err != nil {
