@@ -388,11 +388,13 @@ func TestProvider_Deliver_NoAnswer(t *testing.T) {
 		}
 	})
 	t.Run("context cancelled", func(t *testing.T) {
-		f, _ := hanging(t)
+		f, release := hanging(t)
 		p := mustProvider(t, f.options(t, nil))
 		ctx, cancel := context.WithCancel(context.Background())
 		started := make(chan struct{})
-		f.setOverride(func(*fakeSend) *canned { close(started); <-ctx.Done(); return apiErr(500, "application_error", "late") })
+		// The service never answers (until the test ends): the only way
+		// out for the client is the cancellation.
+		f.setOverride(func(*fakeSend) *canned { close(started); <-release; return apiErr(500, "application_error", "late") })
 		go func() { <-started; cancel() }()
 		_, err := p.Deliver(ctx, envelope.Key{EnvelopeID: "e"}, emailMessage("r@example.net", "s"))
 		mustClass(t, err, envelope.KindRetryable, envelope.ClassInterrupted)
