@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -424,7 +425,7 @@ func (q *Queue) Prune(ctx context.Context) (int, error) {
 		owners := map[string]logOwner{}
 		err := tx.Bucket(bktEnv).ForEach(func(k, v []byte) error {
 			var e envRec
-			if err := jsonUnmarshal(v, &e); err != nil {
+			if err := json.Unmarshal(v, &e); err != nil {
 				return err
 			}
 			logsLeft[e.Log]++

@@ -3,6 +3,7 @@ package queue
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sort"
@@ -209,9 +210,7 @@ func containsChannel(list []envelope.Channel, c envelope.Channel) bool {
 	return false
 }
 
-func beUint32(b []byte) uint32 {
-	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-}
+func beUint32(b []byte) uint32 { return binary.BigEndian.Uint32(b[:4]) }
 
 // leased loads a lease's row for a transition, checking owner and fence.
 func leased(tx *bolt.Tx, l *Lease) (ek []byte, e *envRec, r *rowRec, err error) {

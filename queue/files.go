@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -16,8 +15,6 @@ import (
 )
 
 const quarantineExt = applog.QuarantineExt
-
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
 func logRel(tenant, user string) string { return applog.RelPath(tenant, user) }
 

@@ -1,7 +1,9 @@
 package queue
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -377,13 +379,7 @@ func (q *Queue) Notify() <-chan struct{} { return q.notify }
 // Ready is closed once Open has caught up on every log.
 func (q *Queue) Ready() <-chan struct{} { return q.ready }
 
-func beUint64(b []byte) uint64 {
-	var v uint64
-	for _, c := range b[:8] {
-		v = v<<8 | uint64(c)
-	}
-	return v
-}
+func beUint64(b []byte) uint64 { return binary.BigEndian.Uint64(b[:8]) }
 
 func pidPath(dir string) string { return filepath.Join(dir, "outbox.pid") }
 
@@ -398,15 +394,8 @@ func readPID(dir string) int {
 	if err != nil {
 		return 0
 	}
-	n, _ := strconv.Atoi(string(trimSpace(b)))
+	n, _ := strconv.Atoi(string(bytes.TrimSpace(b)))
 	return n
-}
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ') {
-		b = b[:len(b)-1]
-	}
-	return b
 }
 
 // readEnvelope loads an indexed envelope's record from its log (or the

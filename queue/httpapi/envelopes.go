@@ -108,11 +108,7 @@ func splitBody(data []byte) ([]json.RawMessage, error) {
 // segments and attempt history; the envelope itself (recipient, payload:
 // personal data) only with ?full=1.
 func (a *api) getEnvelope(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
-	if err := checkID("id", id, false); err != nil {
-		return err
-	}
-	tenant, err := tenantParam(r)
+	id, tenant, err := envelopeParams(r)
 	if err != nil {
 		return err
 	}
@@ -197,11 +193,7 @@ type operatorReply struct {
 }
 
 func (a *api) requeue(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
-	if err := checkID("id", id, false); err != nil {
-		return err
-	}
-	tenant, err := tenantParam(r)
+	id, tenant, err := envelopeParams(r)
 	if err != nil {
 		return err
 	}
@@ -217,11 +209,7 @@ type resolveRequest struct {
 }
 
 func (a *api) resolve(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
-	if err := checkID("id", id, false); err != nil {
-		return err
-	}
-	tenant, err := tenantParam(r)
+	id, tenant, err := envelopeParams(r)
 	if err != nil {
 		return err
 	}
@@ -345,4 +333,15 @@ func (a *api) stats(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, s)
 	return nil
+}
+
+// envelopeParams reads and checks the {id} path value and the tenant query
+// parameter of an envelope route.
+func envelopeParams(r *http.Request) (id, tenant string, err error) {
+	id = r.PathValue("id")
+	if err := checkID("id", id, false); err != nil {
+		return "", "", err
+	}
+	tenant, err = tenantParam(r)
+	return id, tenant, err
 }

@@ -164,11 +164,7 @@ var knownClasses = func() map[envelope.ErrorClass]bool {
 // handed. It is idempotent per id: once the envelope is settled, any
 // further status is a 200 no-op.
 func (a *api) status(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
-	if err := checkID("id", id, false); err != nil {
-		return err
-	}
-	tenant, err := tenantParam(r)
+	id, tenant, err := envelopeParams(r)
 	if err != nil {
 		return err
 	}
