@@ -323,10 +323,9 @@ func tenantOr(t string) string {
 // Erase implements Store.
 func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 	tenant = tenantOr(tenant)
-	var logs []string
 	err := q.write(ctx, false, func(tx *bolt.Tx) error {
 		prefix := []byte(tenant + "\x00" + userID + "\x00")
-		var ids []string
+		var ids, logs []string
 		c := tx.Bucket(bktUsers).Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 			ids = append(ids, string(k[len(prefix):]))
@@ -352,19 +351,19 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 		rel := logRel(tenant, userID)
 		_ = tx.Bucket(bktLogs).Delete([]byte(rel))
 		logs = append(logs, rel)
+		// The files go inside the transaction: a catch-up (the tailer's)
+		// runs in a transaction of its own, before or after this one, and
+		// so never reads a log whose offset this transaction deleted.
+		for _, rel := range uniq(logs) {
+			p := filepath.Join(q.dir, rel)
+			q.app.Exclusive(rel, func() {
+				_ = os.Remove(p)
+				_ = os.Remove(p + quarantineExt)
+			})
+		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	for _, rel := range uniq(logs) {
-		p := filepath.Join(q.dir, rel)
-		q.app.Exclusive(rel, func() {
-			_ = os.Remove(p)
-			_ = os.Remove(p + quarantineExt)
-		})
-	}
-	return nil
+	return err
 }
 
 // deleteEnvelope removes an envelope's entry, rows and index entries. It
