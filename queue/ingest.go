@@ -185,8 +185,11 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 	keep := reserved
 	reserved = nil // released by the index op, not by the deferred unreserve
 	q.submitIndex(func(tx *bolt.Tx) error {
-		for _, rel := range logs {
-			if err := q.catchUp(tx, rel, q.lookup); err != nil {
+		for _, w := range done {
+			if indexedPast(tx, w.rel, w.end, byLog[w.rel][0].ino) {
+				continue // a concurrent Enqueue's catch-up indexed ours too
+			}
+			if err := q.catchUp(tx, w.rel, q.lookup); err != nil {
 				return err
 			}
 		}
@@ -404,6 +407,13 @@ func (q *Queue) listLogs() ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// indexedPast reports whether log rel (the file with inode ino) is indexed
+// up to at least offset end.
+func indexedPast(tx *bolt.Tx, rel string, end int64, ino uint64) bool {
+	v := tx.Bucket(bktLogs).Get([]byte(rel))
+	return len(v) == 16 && binary.BigEndian.Uint64(v[8:]) == ino && int64(binary.BigEndian.Uint64(v)) >= end
 }
 
 // catchUpKnown indexes, without reading the log, the chain of in-process
