@@ -124,9 +124,18 @@ func ValidEncoding(e *Envelope) ([]byte, error) {
 	if e == nil {
 		return nil, &ValidationError{Problems: []Problem{{Rule: "missing envelope"}}}
 	}
-	// Problems that encoding would hide or fail on; the copy is encoded
-	// without the offending values so that every other problem is found too.
-	cp := *e
+	pre := encodingProblems(e)
+	if len(pre) == 0 {
+		if data, ok := fastEncoding(e); ok {
+			return data, nil
+		}
+	}
+	return fullEncoding(e, pre)
+}
+
+// encodingProblems finds the strings of e that encoding would silently
+// repair (invalid UTF-8).
+func encodingProblems(e *Envelope) []Problem {
 	var pre []Problem
 	for _, f := range []struct{ path, s string }{
 		{"schema_version", e.SchemaVersion},
@@ -155,6 +164,30 @@ func ValidEncoding(e *Envelope) ([]byte, error) {
 			}
 		}
 	}
+	return pre
+}
+
+// fastEncoding encodes e and reports whether the fast path (fast.go) finds
+// it certainly valid. json.Marshal checks the payload's syntax itself.
+func fastEncoding(e *Envelope) ([]byte, bool) {
+	for _, t := range []time.Time{e.NotBefore, e.ExpiresAt, e.CreatedAt} {
+		if y := t.Year(); y < 0 || y > 9999 {
+			return nil, false
+		}
+	}
+	data, err := json.Marshal(e)
+	if err != nil || !fastValid(e, data) {
+		return nil, false
+	}
+	return data, true
+}
+
+// fullEncoding runs every check on e and reports every problem, with pre
+// (encodingProblems) among them.
+func fullEncoding(e *Envelope, pre []Problem) ([]byte, error) {
+	// The copy is encoded without the offending values so that every
+	// other problem is found too.
+	cp := *e
 	if len(e.Payload) > 0 && !json.Valid(e.Payload) {
 		pre = append(pre, Problem{"payload", "must be valid JSON"})
 		cp.Payload = nil
@@ -194,6 +227,15 @@ const (
 
 // schema returns the compiled envelope schema, compiling it on first use.
 var schema = sync.OnceValue(func() *jsonschema.Schema {
+	sch, err := newCompiler().Compile(SchemaURL)
+	if err != nil {
+		panic("envelope: embedded schema.json does not compile: " + err.Error())
+	}
+	return sch
+})
+
+// newCompiler returns a compiler holding the embedded schema.
+func newCompiler() *jsonschema.Compiler {
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(schemaJSON))
 	if err != nil {
 		panic("envelope: embedded schema.json is not JSON: " + err.Error())
@@ -204,12 +246,8 @@ var schema = sync.OnceValue(func() *jsonschema.Schema {
 	if err := c.AddResource(SchemaURL, doc); err != nil {
 		panic("envelope: embedded schema.json: " + err.Error())
 	}
-	sch, err := c.Compile(SchemaURL)
-	if err != nil {
-		panic("envelope: embedded schema.json does not compile: " + err.Error())
-	}
-	return sch
-})
+	return c
+}
 
 // check runs every check on one JSON document and returns the decoded
 // envelope (meaningful only when there are no problems) and the problems,

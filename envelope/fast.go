@@ -1,0 +1,165 @@
+package envelope
+
+import (
+	"bytes"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// The fast path of ValidEncoding.
+//
+// Checking an envelope built in Go against the whole schema means decoding
+// its encoding again and walking every keyword, which costs more than the
+// rest of an enqueue's CPU put together. For a Go-built envelope most of
+// the schema's top level is already guaranteed by the Go types (property
+// names, types, additionalProperties); what is left is a few constants,
+// enums and conditionals, checked here in Go, and the sub-objects whose
+// rules are patterns and formats (recipient, consent_snapshot, timestamps,
+// the template's payload), checked by the schema's own definitions.
+//
+// fastValid only ever answers "valid" or "not sure": on any doubt,
+// ValidEncoding runs the full check, which finds and words the problems.
+// So fastValid may reject a valid envelope (costing time, not correctness)
+// but must never accept one the full check rejects; TestFastValid and
+// FuzzFastValid hold it to that.
+
+// subschemas are the schema's definitions the fast path validates against.
+type subschemas struct {
+	recipient, consent, timestamp *jsonschema.Schema
+	payload                       map[Template]*jsonschema.Schema
+}
+
+var subs = sync.OnceValue(func() *subschemas {
+	c := newCompiler()
+	compile := func(def string) *jsonschema.Schema {
+		s, err := c.Compile(SchemaURL + "#/$defs/" + def)
+		if err != nil {
+			panic("envelope: embedded schema.json: $defs/" + def + ": " + err.Error())
+		}
+		return s
+	}
+	return &subschemas{
+		recipient: compile("recipient"),
+		consent:   compile("consent_snapshot"),
+		timestamp: compile("timestamp"),
+		payload: map[Template]*jsonschema.Schema{
+			TemplateDigest: compile("digest_payload"),
+			TemplateNudge:  compile("nudge_payload"),
+			TemplateReply:  compile("reply_payload"),
+		},
+	}
+})
+
+// fastValid reports whether e, whose encoding is data, is certainly valid.
+// Invalid UTF-8 in e's strings has been ruled out by the caller.
+func fastValid(e *Envelope, data []byte) bool {
+	if len(data) == 0 || data[0] != '{' {
+		return false
+	}
+	// The top level of the schema, as the Go encoding meets it.
+	var c problemList
+	checkIdentifier(&c, "id", e.ID)
+	checkIdentifier(&c, "user_id", e.UserID)
+	if e.TenantID != "" {
+		checkIdentifier(&c, "tenant_id", e.TenantID)
+	}
+	if len(c.list) > 0 || e.SchemaVersion != SchemaVersion || !e.Channel.Valid() || e.CreatedAt.IsZero() {
+		return false
+	}
+	allowed, ok := templateChannels[e.Template]
+	if !ok {
+		return false
+	}
+	ok = false
+	for _, ch := range allowed {
+		ok = ok || ch == e.Channel
+	}
+	if !ok || !isJSONObject(e.Payload) {
+		return false
+	}
+	r := &e.Recipient
+	switch e.Channel {
+	case ChannelEmail:
+		if r.Email == "" || e.ConsentSnapshot.UnsubscribeRef == "" {
+			return false
+		}
+	case ChannelPush:
+		if r.PushSubscription == nil {
+			return false
+		}
+	case ChannelTelegram:
+		if r.ChatID == "" {
+			return false
+		}
+	}
+
+	// The sub-objects, against the schema's definitions, as encoded.
+	s := subs()
+	if s.recipient.Validate(recipientInstance(r)) != nil {
+		return false
+	}
+	if e.ConsentSnapshot != (ConsentSnapshot{}) && s.consent.Validate(consentInstance(&e.ConsentSnapshot)) != nil {
+		return false
+	}
+	for _, t := range []time.Time{e.NotBefore, e.ExpiresAt, e.CreatedAt} {
+		if !t.IsZero() && s.timestamp.Validate(t.Format(time.RFC3339Nano)) != nil {
+			return false
+		}
+	}
+	payload, err := jsonschema.UnmarshalJSON(bytes.NewReader(e.Payload))
+	if err != nil || s.payload[e.Template].Validate(payload) != nil {
+		return false
+	}
+
+	// What the schema cannot say: escapes that decode to invalid UTF-8 in
+	// the payload, and the Go rules.
+	if len(utf8Problems(e.Payload)) > 0 {
+		return false
+	}
+	top := map[string]json.RawMessage{"payload": e.Payload}
+	if e.TenantID != "" {
+		top["tenant_id"] = nil
+	}
+	var decodeProbs []Problem
+	return len(goRules(e, top, map[string]bool{}, &decodeProbs)) == 0 && len(decodeProbs) == 0
+}
+
+// recipientInstance is r as the JSON Schema validator sees its encoding.
+func recipientInstance(r *Recipient) map[string]any {
+	m := map[string]any{}
+	if r.Email != "" {
+		m["email"] = r.Email
+	}
+	if r.EmailVerified {
+		m["email_verified"] = true
+	}
+	if ps := r.PushSubscription; ps != nil {
+		sub := map[string]any{
+			"endpoint": ps.Endpoint,
+			"keys":     map[string]any{"p256dh": ps.Keys.P256dh, "auth": ps.Keys.Auth},
+		}
+		if ps.ExpirationTime != nil {
+			sub["expirationTime"] = *ps.ExpirationTime
+		}
+		m["push_subscription"] = sub
+	}
+	if r.ChatID != "" {
+		m["chat_id"] = r.ChatID
+	}
+	return m
+}
+
+// consentInstance is a non-zero snapshot as the validator sees its encoding.
+func consentInstance(c *ConsentSnapshot) map[string]any {
+	m := map[string]any{"digest_enabled": c.DigestEnabled}
+	if c.Cadence != "" {
+		m["cadence"] = c.Cadence
+	}
+	if c.UnsubscribeRef != "" {
+		m["unsubscribe_ref"] = c.UnsubscribeRef
+	}
+	return m
+}
