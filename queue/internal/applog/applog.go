@@ -106,6 +106,9 @@ type group struct {
 	f   *os.File   // cached descriptor, nil when closed
 	ino uint64
 	end int64 // the file's size after our last append (-1: unknown)
+	// dirs this appender created entries in when it created the log; they
+	// are synced after the first append, before it is reported durable.
+	dirs []string
 }
 
 type request struct {
@@ -206,14 +209,10 @@ func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, er
 			ino, _ := Inode(path)
 			return off, ino, err
 		}
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			a.release()
-			return 0, 0, fmt.Errorf("create log directory: %w", err)
-		}
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		f, dirs, err := openLog(path)
 		if err != nil {
 			a.release()
-			return 0, 0, fmt.Errorf("open log: %w", err)
+			return 0, 0, err
 		}
 		ino, err := fileInode(f)
 		if err != nil {
@@ -221,12 +220,18 @@ func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, er
 			a.release()
 			return 0, 0, fmt.Errorf("stat log: %w", err)
 		}
-		g.f, g.ino, g.end = f, ino, -1
+		g.f, g.ino, g.end, g.dirs = f, ino, -1, dirs
 	}
 	if err := unix.Flock(int(g.f.Fd()), unix.LOCK_EX); err != nil {
 		return 0, 0, fmt.Errorf("lock log: %w", err)
 	}
 	off, end, err := appendHeld(g.f, buf, a.sync, g.end)
+	if err == nil && g.dirs != nil {
+		// The first append to a log this appender created.
+		if err = syncDirs(g.dirs, a.sync); err == nil {
+			g.dirs = nil
+		}
+	}
 	_ = unix.Flock(int(g.f.Fd()), unix.LOCK_UN)
 	if err != nil {
 		g.end = -1
@@ -306,13 +311,10 @@ func statIno(fi os.FileInfo) uint64 {
 // It needs no bbolt and no running daemon: foreign-process appenders (the
 // CLI's enqueue) use it directly.
 func AppendLocked(path string, buf []byte, sync Syncer) (int64, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return 0, fmt.Errorf("create log directory: %w", err)
-	}
 	for {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		f, dirs, err := openLog(path)
 		if err != nil {
-			return 0, fmt.Errorf("open log: %w", err)
+			return 0, err
 		}
 		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
 			f.Close()
@@ -329,9 +331,61 @@ func AppendLocked(path string, buf []byte, sync Syncer) (int64, error) {
 			continue
 		}
 		off, _, err := appendHeld(f, buf, sync, -1)
+		if err == nil {
+			err = syncDirs(dirs, sync)
+		}
 		f.Close() // releases the flock
 		return off, err
 	}
+}
+
+// openLog opens the log at path for appending, creating it and its
+// directory when missing. dirs are the directories whose entries it
+// created: they must be synced (syncDirs) before an append to the new file
+// is reported durable, or a machine crash could lose the file itself.
+func openLog(path string) (f *os.File, dirs []string, err error) {
+	parent := filepath.Dir(path)
+	if _, err := os.Stat(parent); errors.Is(err, os.ErrNotExist) {
+		// The tenant's directory: its entry is in logs/.
+		if err := os.MkdirAll(parent, 0o700); err != nil {
+			return nil, nil, fmt.Errorf("create log directory: %w", err)
+		}
+		dirs = append(dirs, filepath.Dir(parent))
+	}
+	f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err == nil {
+		return f, append(dirs, parent), nil
+	}
+	if !errors.Is(err, os.ErrExist) {
+		return nil, nil, fmt.Errorf("open log: %w", err)
+	}
+	f, err = os.OpenFile(path, os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open log: %w", err)
+	}
+	return f, dirs, nil
+}
+
+// syncDir flushes a directory's entries; tests record or fail it.
+var syncDir = (*os.File).Sync
+
+// syncDirs fsyncs directories whose entries changed (relaxed mode: none).
+func syncDirs(dirs []string, sync Syncer) error {
+	if sync == nil {
+		return nil
+	}
+	for _, d := range dirs {
+		df, err := os.Open(d)
+		if err != nil {
+			return fmt.Errorf("sync log directory: %w", err)
+		}
+		err = syncDir(df)
+		df.Close()
+		if err != nil {
+			return fmt.Errorf("sync log directory: %w", err)
+		}
+	}
+	return nil
 }
 
 func samePath(f *os.File, path string) (bool, error) {

@@ -129,3 +129,75 @@ func FuzzLines(f *testing.F) {
 		}
 	})
 }
+
+// A new log's directory entries (the file's, and the tenant directory's
+// when it was created too) are synced before the first append is reported
+// durable; later appends sync only the file.
+func TestAppend_NewLogSyncsItsDirectories(t *testing.T) {
+	var mu sync.Mutex
+	var synced []string
+	orig := syncDir
+	t.Cleanup(func() { syncDir = orig })
+	syncDir = func(f *os.File) error {
+		mu.Lock()
+		defer mu.Unlock()
+		synced = append(synced, f.Name())
+		return nil
+	}
+	take := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := synced
+		synced = nil
+		return out
+	}
+	dir := t.TempDir()
+	logs := filepath.Join(dir, Dir)
+	if err := os.MkdirAll(logs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	nop := func(*os.File) error { return nil }
+	eq := func(what string, got []string, want ...string) {
+		t.Helper()
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("%s: synced directories %q, want %q", what, got, want)
+		}
+	}
+
+	// The foreign-appender path.
+	path := filepath.Join(logs, "t1", "u1.jsonl")
+	if _, err := AppendLocked(path, []byte("one\n"), nop); err != nil {
+		t.Fatal(err)
+	}
+	eq("new tenant, new log", take(), logs, filepath.Join(logs, "t1"))
+	if _, err := AppendLocked(path, []byte("two\n"), nop); err != nil {
+		t.Fatal(err)
+	}
+	eq("existing log", take())
+	if _, err := AppendLocked(filepath.Join(logs, "t1", "u2.jsonl"), []byte("one\n"), nop); err != nil {
+		t.Fatal(err)
+	}
+	eq("new log in an existing tenant", take(), filepath.Join(logs, "t1"))
+	if _, err := AppendLocked(filepath.Join(logs, "t1", "u3.jsonl"), []byte("one\n"), nil); err != nil {
+		t.Fatal(err)
+	}
+	eq("relaxed mode", take())
+
+	// The in-process appender, whose descriptor stays open.
+	a := NewAppender(dir, nop)
+	defer a.Close()
+	rel := filepath.Join(Dir, "t2", "u1.jsonl")
+	for i, want := range [][]string{{logs, filepath.Join(logs, "t2")}, nil} {
+		if _, _, err := a.Append(rel, []byte("x\n"), nil); err != nil {
+			t.Fatal(err)
+		}
+		eq("appender, append "+string(rune('1'+i)), take(), want...)
+	}
+
+	// A failed directory sync fails the append.
+	boom := errors.New("EIO")
+	syncDir = func(*os.File) error { return boom }
+	if _, err := AppendLocked(filepath.Join(logs, "t3", "u1.jsonl"), []byte("one\n"), nop); !errors.Is(err, boom) {
+		t.Fatalf("append with a failing directory sync: err = %v, want it", err)
+	}
+}
