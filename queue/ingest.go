@@ -203,8 +203,10 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 			q.log.Error("index enqueued records failed; the rescan will retry", "operation", "enqueue", "status", "error")
 			q.Rescan()
 		}
-		q.wake()
 	})
+	// Wake the worker now: its claim queues behind this index update and
+	// usually shares its transaction.
+	q.wake()
 	res := make([]EnqueueResult, len(items))
 	for i, it := range items {
 		res[i] = EnqueueResult{Tenant: it.env.TenantID, ID: it.env.ID, Duplicate: it.dup, Segments: it.segs}
@@ -310,6 +312,7 @@ func (q *Queue) reserve(ctx context.Context, items []*prepared) ([]string, error
 		q.mu.Unlock()
 		// Another enqueue of the same id is in flight: wait for it, then
 		// look again (it is a duplicate once indexed).
+		q.flushIndex()
 		time.Sleep(50 * time.Microsecond)
 		err := q.viewNow(func(tx *bolt.Tx) error {
 			for _, it := range items {

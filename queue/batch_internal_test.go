@@ -1,0 +1,87 @@
+package queue
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+)
+
+// countCommits counts the writer's transactions from now on.
+func countCommits(t *testing.T, q *Queue) *atomic.Int64 {
+	t.Helper()
+	var n atomic.Int64
+	fn := func() error { n.Add(1); return nil }
+	q.beforeCommit.Store(&fn)
+	t.Cleanup(func() { q.beforeCommit.Store(nil) })
+	return &n
+}
+
+// Enqueue's index updates share a transaction while nobody reads them, and
+// the first read commits them at once (it does not wait out the delay).
+func TestIndex_UpdatesShareATransactionUntilARead(t *testing.T) {
+	q := openFault(t, t.TempDir())
+	q.indexDelay.Store(int64(time.Hour))
+	commits := countCommits(t, q)
+	ctx := context.Background()
+	for i := range 5 {
+		if _, err := q.Enqueue(ctx, faultEnvelope(string(rune('a'+i)), "u1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := commits.Load(); n != 0 {
+		t.Fatalf("%d transactions before any read, want the 5 index updates still gathered", n)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := q.Get(ctx, "", "e")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Get after Enqueue: %v (read-your-writes)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a read waited for the gathering delay instead of flushing it")
+	}
+	if n := commits.Load(); n != 1 {
+		t.Fatalf("%d transactions for 5 gathered index updates, want 1", n)
+	}
+	if got := rows(t, q); got != 5 {
+		t.Fatalf("%d rows, want 5", got)
+	}
+}
+
+// A claim right after an enqueue joins the enqueue's index transaction:
+// one transaction indexes the row and leases it.
+func TestIndex_ClaimJoinsThePendingIndexTransaction(t *testing.T) {
+	q := openFault(t, t.TempDir())
+	q.indexDelay.Store(int64(time.Hour))
+	commits := countCommits(t, q)
+	ctx := context.Background()
+	select {
+	case <-q.Notify(): // a wake left by Open
+	default:
+	}
+	if _, err := q.Enqueue(ctx, faultEnvelope("r-1", "u1")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-q.Notify():
+	default:
+		t.Fatal("Enqueue did not wake the worker when it submitted the index update")
+	}
+	leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Lazy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases) != 1 {
+		t.Fatalf("claimed %d rows, want the enqueued one", len(leases))
+	}
+	if n := commits.Load(); n != 1 {
+		t.Fatalf("%d transactions for an enqueue and its claim, want 1", n)
+	}
+}
