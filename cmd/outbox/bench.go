@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,7 +56,11 @@ type benchOpts struct {
 	n, e2eN, rate, users, producers, consumers int
 	relaxed                                    bool
 	dir                                        string
+	only                                       map[string]bool // phase groups to run; nil: all
 }
+
+// benchGroups are the phase groups --only selects.
+var benchGroups = []string{"p1", "p16", "e2e"}
 
 func runBench(ctx context.Context, e *env, args []string) int {
 	s := newSettings("bench", e)
@@ -71,10 +76,21 @@ func runBench(ctx context.Context, e *env, args []string) int {
 	s.fs.IntVar(&o.consumers, "consumers", 4, "worker slots of drain_c4 and e2e_c4")
 	s.fs.BoolVar(&o.relaxed, "relaxed", false, "relaxed durability (no fsync)")
 	cpuProfile := s.fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	only := s.fs.String("only", "", "comma-separated phase groups to run: p1 (send_p1, drain_c1), p16 (send_p16, drain_c4), e2e (e2e_c1, e2e_c4); default all")
 	if code, done := s.parse(args); done {
 		return code
 	}
 	o.dir = *dir
+	if *only != "" {
+		o.only = map[string]bool{}
+		for _, g := range strings.Split(*only, ",") {
+			if !slices.Contains(benchGroups, g) {
+				fmt.Fprintf(e.Stderr, "outbox bench: --only: unknown phase group %q (want %s)\n", g, strings.Join(benchGroups, ", "))
+				return 2
+			}
+			o.only[g] = true
+		}
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -108,6 +124,9 @@ func runBench(ctx context.Context, e *env, args []string) int {
 	tw := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "phase\tmsgs/s\tp50 µs\tp99 µs\tCPU µs/msg\t")
 	for _, p := range []string{"send_p1", "drain_c1", "send_p16", "drain_c4", "e2e_c1", "e2e_c4"} {
+		if _, ran := m[p+"_per_s"]; !ran {
+			continue
+		}
 		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.1f\t\n", p, m[p+"_per_s"], m[p+"_p50_us"], m[p+"_p99_us"], m[p+"_cpu_us_per_msg"])
 	}
 	tw.Flush()
@@ -418,11 +437,20 @@ func benchAll(ctx context.Context, o benchOpts, progress func(string, ...any)) (
 		}
 		return run(drain, func() error { return benchDrain(ctx, st.q, o, slots, drain, m, &dups) })
 	}
-	if err := pair(1, 1, "send_p1", "drain_c1"); err != nil {
-		return nil, err
+	want := func(group string) bool { return o.only == nil || o.only[group] }
+	if want("p1") {
+		if err := pair(1, 1, "send_p1", "drain_c1"); err != nil {
+			return nil, err
+		}
 	}
-	if err := pair(o.producers, o.consumers, "send_p16", "drain_c4"); err != nil {
-		return nil, err
+	if want("p16") {
+		if err := pair(o.producers, o.consumers, "send_p16", "drain_c4"); err != nil {
+			return nil, err
+		}
+	}
+	m["duplicates_n"] = dups
+	if !want("e2e") {
+		return m, nil
 	}
 	st, err := openBenchStore(o)
 	if err != nil {

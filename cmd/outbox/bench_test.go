@@ -1,0 +1,39 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// outbox bench runs the harness's phases through the real store and worker
+// and reports the harness's metric names; --only picks phase groups.
+func TestBench_SmallRun(t *testing.T) {
+	out, errs, code := runCmd(t, "bench", "--json", "--data", t.TempDir(), "-n", "60", "--e2e-n", "20", "--e2e-rate", "2000", "--users", "3", "--only", "p1,e2e")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var res struct {
+		Metrics map[string]float64 `json:"metrics"`
+		Params  map[string]any     `json:"params"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("output is not one JSON object: %v\n%s", err, out)
+	}
+	for _, k := range []string{"send_p1_per_s", "drain_c1_per_s", "e2e_c1_p50_us", "e2e_c4_p99_us"} {
+		if res.Metrics[k] <= 0 {
+			t.Errorf("metric %s = %v, want > 0", k, res.Metrics[k])
+		}
+	}
+	if v, ok := res.Metrics["duplicates_n"]; !ok || v != 0 {
+		t.Errorf("duplicates_n = %v (present %v), want 0", v, ok)
+	}
+	if _, ran := res.Metrics["send_p16_per_s"]; ran {
+		t.Error("--only p1,e2e ran send_p16")
+	}
+
+	_, errs, code = runCmd(t, "bench", "--only", "p2")
+	if code != 2 || !strings.Contains(errs, `unknown phase group "p2"`) {
+		t.Errorf("--only p2: exit %d, stderr %q; want 2 and the unknown group named", code, errs)
+	}
+}
