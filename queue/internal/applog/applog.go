@@ -352,18 +352,24 @@ func openLog(path string) (f *os.File, dirs []string, err error) {
 		}
 		dirs = append(dirs, filepath.Dir(parent))
 	}
-	f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err == nil {
-		return f, append(dirs, parent), nil
+	// The common case, an existing log, without O_CREAT: that takes the
+	// directory's lock even when the file exists.
+	for {
+		f, err = os.OpenFile(path, os.O_RDWR, 0o600)
+		if err == nil {
+			return f, dirs, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return nil, nil, fmt.Errorf("open log: %w", err)
+		}
+		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err == nil {
+			return f, append(dirs, parent), nil
+		}
+		if !errors.Is(err, os.ErrExist) { // else created meanwhile: open it
+			return nil, nil, fmt.Errorf("open log: %w", err)
+		}
 	}
-	if !errors.Is(err, os.ErrExist) {
-		return nil, nil, fmt.Errorf("open log: %w", err)
-	}
-	f, err = os.OpenFile(path, os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, nil, fmt.Errorf("open log: %w", err)
-	}
-	return f, dirs, nil
 }
 
 // syncDir flushes a directory's entries; tests record or fail it.
