@@ -294,6 +294,18 @@ func (q *Queue) writeLoop() {
 				}
 			}
 			delay.Stop()
+			// What was queued meanwhile joins too: a read's flush then
+			// always covers the update it waits for, which was queued
+			// before the flush.
+		rest:
+			for len(batch) < maxBatch {
+				select {
+				case o := <-q.ops:
+					batch = append(batch, o)
+				default:
+					break rest
+				}
+			}
 		}
 		lazy := true
 		for _, o := range batch {
