@@ -85,3 +85,31 @@ func TestIndex_ClaimJoinsThePendingIndexTransaction(t *testing.T) {
 		t.Fatalf("%d transactions for an enqueue and its claim, want 1", n)
 	}
 }
+
+// Close does not wait out the gathering delay, and what was gathered is
+// indexed (or, at worst, re-indexed from the logs on the next Open).
+func TestIndex_CloseCommitsGatheredUpdates(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	q.indexDelay.Store(int64(time.Hour))
+	ctx := context.Background()
+	for i := range 3 {
+		if _, err := q.Enqueue(ctx, faultEnvelope(string(rune('a'+i)), "u1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- q.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close waited for the gathering delay")
+	}
+	q = openFault(t, dir)
+	if got := rows(t, q); got != 3 {
+		t.Fatalf("%d rows after reopen, want 3", got)
+	}
+}
