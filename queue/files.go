@@ -60,10 +60,6 @@ func (q *Queue) removeLogLocked(rel, tenant, user string) {
 	if unix.Flock(int(f.Fd()), unix.LOCK_EX) != nil {
 		return
 	}
-	fi, err := f.Stat()
-	if err != nil {
-		return
-	}
 	var off int64 = -1
 	live := false
 	_ = q.db.View(func(tx *bolt.Tx) error {
@@ -76,7 +72,10 @@ func (q *Queue) removeLogLocked(rel, tenant, user string) {
 		}
 		return nil
 	})
-	if off != fi.Size() || live {
+	if live || off < 0 {
+		return
+	}
+	if idle, err := applog.OnlyReserve(f, off); err != nil || !idle {
 		return
 	}
 	_ = os.Remove(path)

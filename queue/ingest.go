@@ -470,7 +470,7 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared) e
 	if v := logs.Get([]byte(rel)); len(v) == 16 && binary.BigEndian.Uint64(v[8:]) == ino {
 		off = int64(binary.BigEndian.Uint64(v))
 	}
-	data, err := applog.ReadComplete(path, off)
+	data, err := q.app.ReadComplete(rel, off)
 	if err != nil {
 		q.log.Error("read log failed", "operation", "ingest", "status", "error")
 		return fmt.Errorf("read log: %w", err)

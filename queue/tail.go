@@ -152,14 +152,23 @@ func (t *tailer) loop() {
 		if all {
 			err = t.q.catchUpAll()
 		} else {
-			err = t.q.write(context.Background(), true, func(tx *bolt.Tx) error {
-				for rel := range dirty {
-					if err := t.q.catchUp(tx, rel, nil); err != nil {
-						return err
-					}
+			// Most events are this process's own appends, indexed by
+			// their Enqueue: only logs changed since are read.
+			for rel := range dirty {
+				if t.q.app.Settled(rel) {
+					delete(dirty, rel)
 				}
-				return nil
-			})
+			}
+			if len(dirty) > 0 {
+				err = t.q.write(context.Background(), true, func(tx *bolt.Tx) error {
+					for rel := range dirty {
+						if err := t.q.catchUp(tx, rel, nil); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+			}
 		}
 		if err != nil && !errors.Is(err, ErrClosed) {
 			t.q.log.Error("ingest failed", "component", "tailer", "operation", "ingest", "status", "error")

@@ -96,7 +96,7 @@ func TestAppender_GroupCommit(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	b, _ := os.ReadFile(filepath.Join(dir, "logs/t/u.jsonl"))
+	b := data(t, filepath.Join(dir, "logs/t/u.jsonl"))
 	if len(b) != 64*11 {
 		t.Fatalf("size %d", len(b))
 	}

@@ -1,0 +1,272 @@
+package applog
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// rec returns a test record of exactly n bytes, newline included.
+func rec(i, n int) []byte {
+	s := fmt.Sprintf(`{"i":%d,"pad":"`, i)
+	s += strings.Repeat("x", n-len(s)-3) + "\"}\n"
+	return []byte(s)
+}
+
+// data returns the log's bytes up to its reserve, and checks that what
+// follows is nothing but spaces.
+func data(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := bytes.TrimRight(b, " ")
+	if bytes.ContainsAny(b[len(d):], "\n") {
+		t.Fatalf("reserve holds a newline")
+	}
+	return d
+}
+
+// wantLines checks that the log reads as exactly these records, each at its
+// offset, through both readers.
+func wantLines(t *testing.T, a *Appender, rel string, want [][]byte, offs []int64) {
+	t.Helper()
+	for _, read := range []func() ([]byte, error){
+		func() ([]byte, error) { return ReadComplete(filepath.Join(a.dir, rel), 0) },
+		func() ([]byte, error) { return a.ReadComplete(rel, 0) },
+	} {
+		b, err := read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := Lines(b, 0)
+		if len(lines) != len(want) {
+			t.Fatalf("%d lines, want %d: %q", len(lines), len(want), b)
+		}
+		for i, ln := range lines {
+			if string(ln.Data)+"\n" != string(want[i]) || (offs != nil && ln.Off != offs[i]) {
+				t.Fatalf("line %d = %q at %d, want %q at %d", i, ln.Data, ln.Off, want[i], offs[i])
+			}
+		}
+	}
+}
+
+// The store's appender overwrites a pre-written reserve: most of its syncs
+// find the file's size unchanged (no journal commit), and every reader
+// still sees exactly the records.
+func TestReserve_AppendsOverwriteTheReserve(t *testing.T) {
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	sizes := map[int64]int{}
+	syncs := 0
+	a := NewAppender(dir, func(f *os.File) error {
+		fi, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		sizes[fi.Size()]++
+		syncs++
+		return Fdatasync(f)
+	})
+	defer a.Close()
+	var want [][]byte
+	var offs []int64
+	var at int64
+	for i := range 200 {
+		r := rec(i, 100)
+		off, _, err := a.Append(rel, r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if off != at {
+			t.Fatalf("record %d at %d, want %d", i, off, at)
+		}
+		want, offs = append(want, r), append(offs, off)
+		at += int64(len(r))
+	}
+	if got := data(t, filepath.Join(dir, rel)); int64(len(got)) != at {
+		t.Fatalf("data %d bytes, want %d", len(got), at)
+	}
+	if syncs != 200 || len(sizes) > 10 {
+		t.Fatalf("%d syncs saw %d different file sizes; want 200 syncs and few sizes (a reserve extended in steps)", syncs, len(sizes))
+	}
+	wantLines(t, a, rel, want, offs)
+}
+
+// Another process appends after the reserve (ending its "line" first); the
+// store's appender then writes after that append, and nothing reads as a
+// record but the three records.
+func TestReserve_ForeignAppendAfterTheReserve(t *testing.T) {
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	path := filepath.Join(dir, rel)
+	a := NewAppender(dir, Fdatasync)
+	defer a.Close()
+	r1, f1, r2 := rec(1, 64), rec(2, 64), rec(3, 64)
+	o1, _, err := a.Append(rel, r1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.Settled(rel) {
+		t.Fatal("not settled after its own append")
+	}
+	of, err := AppendLocked(path, f1, Fdatasync)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Settled(rel) {
+		t.Fatal("settled after another process appended")
+	}
+	o2, _, err := a.Append(rel, r2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if of <= o1 || o2 != of+int64(len(f1)) {
+		t.Fatalf("offsets %d, %d, %d: the store's append must follow the foreign one", o1, of, o2)
+	}
+	wantLines(t, a, rel, [][]byte{r1, f1, r2}, []int64{o1, of, o2})
+	if !a.Settled(rel) {
+		t.Fatal("not settled after reading")
+	}
+}
+
+// A new appender (a restarted process) continues inside the reserve its
+// predecessor left, right after the last record.
+func TestReserve_RestartContinuesInTheReserve(t *testing.T) {
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	path := filepath.Join(dir, rel)
+	a := NewAppender(dir, Fdatasync)
+	r1, r2, r3 := rec(1, 64), rec(2, 64), rec(3, 64)
+	for _, r := range [][]byte{r1, r2} {
+		if _, _, err := a.Append(rel, r, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.Close()
+	fi, _ := os.Stat(path)
+	b := NewAppender(dir, Fdatasync)
+	defer b.Close()
+	off, _, err := b.Append(rel, r3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off != 128 {
+		t.Fatalf("record after restart at %d, want 128", off)
+	}
+	if fi2, _ := os.Stat(path); fi2.Size() != fi.Size() {
+		t.Fatalf("size %d → %d: the restarted appender did not use the reserve", fi.Size(), fi2.Size())
+	}
+	wantLines(t, b, rel, [][]byte{r1, r2, r3}, []int64{0, 64, 128})
+}
+
+// A writer that died mid-record inside the reserve left a torn line; the
+// next appender ends it (it then reads as a bad line) and writes after it.
+func TestReserve_TornLineInTheReserve(t *testing.T) {
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	path := filepath.Join(dir, rel)
+	a := NewAppender(dir, Fdatasync)
+	r1, r2 := rec(1, 64), rec(2, 64)
+	if _, _, err := a.Append(rel, r1, nil); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(`{"half`), 64); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if b, _ := ReadComplete(path, 0); string(b) != string(r1) {
+		t.Fatalf("torn line read: %q", b)
+	}
+	b := NewAppender(dir, Fdatasync)
+	defer b.Close()
+	off, _, err := b.Append(rel, r2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off != 64+7 {
+		t.Fatalf("record at %d, want %d", off, 64+7)
+	}
+	wantLines(t, b, rel, [][]byte{r1, []byte("{\"half\n"), r2}, []int64{0, 64, 71})
+}
+
+// A failed sync leaves nothing of the record behind, whether it was
+// written into the reserve or extended the file; the next append takes its
+// place.
+func TestReserve_FailedAppendLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	path := filepath.Join(dir, rel)
+	boom := errors.New("EIO")
+	fail := false
+	a := NewAppender(dir, func(f *os.File) error {
+		if fail {
+			return boom
+		}
+		return Fdatasync(f)
+	})
+	defer a.Close()
+	r1 := rec(1, 64)
+	if _, _, err := a.Append(rel, r1, nil); err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(path)
+	for _, n := range []int{64, int(fi.Size())} { // fits the reserve; does not
+		fail = true
+		if _, _, err := a.Append(rel, rec(9, n), nil); !errors.Is(err, boom) {
+			t.Fatalf("append of %d bytes with a failing sync: err = %v", n, err)
+		}
+		fail = false
+		if got := data(t, path); string(got) != string(r1) {
+			t.Fatalf("after a failed append of %d bytes the log holds %q", n, got)
+		}
+		if fi2, _ := os.Stat(path); fi2.Size() != fi.Size() {
+			t.Fatalf("failed append of %d bytes changed the size %d → %d", n, fi.Size(), fi2.Size())
+		}
+	}
+	r2 := rec(2, 64)
+	if off, _, err := a.Append(rel, r2, nil); err != nil || off != 64 {
+		t.Fatalf("append after failures at %d, %v; want 64", off, err)
+	}
+	wantLines(t, a, rel, [][]byte{r1, r2}, []int64{0, 64})
+}
+
+func TestOnlyReserve(t *testing.T) {
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	path := filepath.Join(dir, rel)
+	a := NewAppender(dir, Fdatasync)
+	defer a.Close()
+	if _, _, err := a.Append(rel, rec(1, 64), nil); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, c := range []struct {
+		off  int64
+		want bool
+	}{{64, true}, {63, false}, {0, false}} {
+		if got, err := OnlyReserve(f, c.off); err != nil || got != c.want {
+			t.Errorf("OnlyReserve(%d) = %v, %v; want %v", c.off, got, err, c.want)
+		}
+	}
+	if _, err := f.WriteAt([]byte("{"), 100); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := OnlyReserve(f, 64); got {
+		t.Error("OnlyReserve with a torn line after the records = true")
+	}
+}
