@@ -26,17 +26,19 @@ func TestTailer_IgnoresOwnAppends(t *testing.T) {
 	}
 	defer q.Close()
 	ctx := context.Background()
-	scanned := func() {
+	wait := func(c chan struct{}) {
 		t.Helper()
 		select {
-		case <-q.tail.scanned:
+		case <-c:
 		case <-time.After(20 * time.Second):
 			t.Fatal("the tailer saw no event for an append")
 		}
 	}
-	select {
-	case <-q.tail.scanned:
-	default:
+	for _, c := range []chan struct{}{q.tail.scanned, q.tail.settled} {
+		select {
+		case <-c:
+		default:
+		}
 	}
 	commits := countCommits(t, q)
 	if _, err := q.Enqueue(ctx, faultEnvelope("own", "u1")); err != nil {
@@ -45,7 +47,7 @@ func TestTailer_IgnoresOwnAppends(t *testing.T) {
 	if _, err := q.Get(ctx, "", "own"); err != nil {
 		t.Fatal(err)
 	}
-	scanned()
+	wait(q.tail.settled)
 	if n := commits.Load(); n != 1 {
 		t.Fatalf("%d transactions for one in-process enqueue, want 1 (its index update; the tailer's event is its own append)", n)
 	}
@@ -53,7 +55,7 @@ func TestTailer_IgnoresOwnAppends(t *testing.T) {
 	if err := Append(dir, faultEnvelope("foreign", "u1")); err != nil {
 		t.Fatal(err)
 	}
-	scanned()
+	wait(q.tail.scanned)
 	if _, err := q.Get(ctx, "", "foreign"); err != nil {
 		t.Fatalf("foreign append not indexed by the tailer: %v", err)
 	}

@@ -25,6 +25,7 @@ type tailer struct {
 	done    sync.WaitGroup
 	kick    chan struct{}
 	scanned chan struct{} // test signal: a catch-up pass finished
+	settled chan struct{} // test signal: an event for a settled log was ignored
 
 	mu    sync.Mutex
 	dirty map[string]bool
@@ -32,7 +33,7 @@ type tailer struct {
 }
 
 func newTailer(q *Queue) *tailer {
-	return &tailer{q: q, stop: make(chan struct{}), kick: make(chan struct{}, 1), dirty: map[string]bool{}, scanned: make(chan struct{}, 1)}
+	return &tailer{q: q, stop: make(chan struct{}), kick: make(chan struct{}, 1), dirty: map[string]bool{}, scanned: make(chan struct{}, 1), settled: make(chan struct{}, 1)}
 }
 
 func (t *tailer) start() error {
@@ -110,7 +111,16 @@ func (t *tailer) watch() {
 				continue
 			}
 			if strings.HasSuffix(rel, applog.Ext) && (ev.Has(fsnotify.Write) || ev.Has(fsnotify.Create)) {
-				t.mark(rel, false)
+				// Most events are this process's own appends, indexed by
+				// their Enqueue: only logs changed since are read.
+				if !t.q.app.Settled(rel) {
+					t.mark(rel, false)
+				} else {
+					select {
+					case t.settled <- struct{}{}:
+					default:
+					}
+				}
 			}
 		case err, ok := <-t.w.Errors:
 			if !ok {
@@ -152,8 +162,7 @@ func (t *tailer) loop() {
 		if all {
 			err = t.q.catchUpAll()
 		} else {
-			// Most events are this process's own appends, indexed by
-			// their Enqueue: only logs changed since are read.
+			// Settled again since it was marked: nothing to read.
 			for rel := range dirty {
 				if t.q.app.Settled(rel) {
 					delete(dirty, rel)

@@ -235,9 +235,9 @@ func openBenchStore(o benchOpts) (*benchStore, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The store as `outbox serve` runs it: the tailer watches the logs.
 	q, err := queue.Open(dir, &queue.Options{
 		NoSync: o.relaxed, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		RescanInterval: -1, DisableWatcher: true,
 	})
 	if err != nil {
 		os.RemoveAll(dir)

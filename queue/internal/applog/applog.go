@@ -249,6 +249,7 @@ func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, er
 	_ = unix.Flock(int(g.f.Fd()), unix.LOCK_UN)
 	if err != nil {
 		g.at = unknownTail
+		g.learn(unknownTail, 0) // what is in the file is for readers to find
 		return 0, 0, err
 	}
 	g.at = at
