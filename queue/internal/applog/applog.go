@@ -563,7 +563,7 @@ func writeSynced(f *os.File, buf []byte, at int64, sync Syncer, wmu *sync.RWMute
 // the size changed, starts after that append.
 const (
 	minReserve = 4 << 10
-	maxReserve = 64 << 10
+	maxReserve = 16 << 10
 )
 
 // tail is what the store's appender knows about a log after its last
