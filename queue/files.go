@@ -7,7 +7,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"github.com/outboxhq/outbox/queue/internal/applog"
 	bolt "go.etcd.io/bbolt"
@@ -29,16 +28,7 @@ func LogPath(dir, tenant, user string) string {
 
 // inode returns the file's inode number: a log replaced or recreated after
 // removal starts again at offset 0.
-func inode(path string) (uint64, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return 0, err
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Ino, nil
-	}
-	return 0, nil
-}
+func inode(path string) (uint64, error) { return applog.Inode(path) }
 
 // removeLogIfDone removes a log whose records were all pruned: under the
 // log's lock, and only when nothing was appended past the indexed offset.
