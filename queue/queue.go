@@ -489,7 +489,7 @@ func (q *Queue) readEnvelope(e *envRec) (*envelope.Envelope, error) {
 	if env := q.cache.get(key); env != nil {
 		// The log must still exist: a record whose log was deleted is
 		// lost, whatever a cache remembers.
-		if _, err := os.Stat(filepath.Join(q.dir, e.Log)); err == nil {
+		if _, err := inode(filepath.Join(q.dir, e.Log)); err == nil {
 			return env, nil
 		}
 	}
