@@ -321,24 +321,8 @@ func (a *Appender) ReadComplete(rel string, off int64) ([]byte, error) {
 	g := a.group(rel)
 	g.wmu.RLock()
 	defer g.wmu.RUnlock()
-	f, err := os.Open(filepath.Join(a.dir, rel))
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	defer f.Close()
-	size, ino, err := fileSize(f)
-	if err != nil {
-		return nil, err
-	}
-	end := g.known(size, ino)
-	if end >= 0 {
-		return readComplete(f, off, end)
-	}
-	b, err := readComplete(f, off, size)
-	if err == nil && off <= size {
+	b, size, ino, known, err := readLog(filepath.Join(a.dir, rel), off, g.known)
+	if err == nil && !known && size >= off {
 		g.learn(tail{off + int64(len(b)), size}, ino)
 	}
 	return b, err
@@ -676,19 +660,34 @@ func dataEnd(f *os.File, size int64) (end int64, torn bool, err error) {
 // its last complete line. It returns the bytes read (possibly empty). A
 // missing file reads as empty.
 func ReadComplete(path string, off int64) ([]byte, error) {
+	b, _, _, _, err := readLog(path, off, nil)
+	return b, err
+}
+
+// readLog reads the log at path like ReadComplete, but only up to where
+// known, when given, says the complete lines end for the size and inode it
+// finds (-1: unknown; then known reports false). A missing log reads as
+// empty, with size -1.
+func readLog(path string, off int64, known func(size int64, ino uint64) int64) (b []byte, size int64, ino uint64, wasKnown bool, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
+			return nil, -1, 0, false, nil
 		}
-		return nil, err
+		return nil, 0, 0, false, err
 	}
 	defer f.Close()
-	size, _, err := fileSize(f)
-	if err != nil {
-		return nil, err
+	if size, ino, err = fileSize(f); err != nil {
+		return nil, 0, 0, false, err
 	}
-	return readComplete(f, off, size)
+	end := size
+	if known != nil {
+		if e := known(size, ino); e >= 0 {
+			end, wasKnown = e, true
+		}
+	}
+	b, err = readComplete(f, off, end)
+	return b, size, ino, wasKnown, err
 }
 
 // readComplete reads f from off up to (not past) end and cuts what it read
