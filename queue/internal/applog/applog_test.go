@@ -2,10 +2,13 @@ package applog
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -199,5 +202,95 @@ func TestAppend_NewLogSyncsItsDirectories(t *testing.T) {
 	syncDir = func(*os.File) error { return boom }
 	if _, err := AppendLocked(filepath.Join(logs, "t3", "u1.jsonl"), []byte("one\n"), nop); !errors.Is(err, boom) {
 		t.Fatalf("append with a failing directory sync: err = %v, want it", err)
+	}
+}
+
+// Logs created at the same time in one directory share its fsyncs: the
+// creators that arrive while one is syncing the directory wait for the
+// next round, one fsync for all of them.
+func TestAppend_NewLogsShareDirectorySyncs(t *testing.T) {
+	dir := t.TempDir()
+	tenant := filepath.Join(dir, Dir, "t1")
+	if err := os.MkdirAll(tenant, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	release := make(chan struct{})
+	orig := syncDir
+	t.Cleanup(func() { syncDir = orig })
+	syncDir = func(f *os.File) error {
+		if calls.Add(1) == 1 {
+			<-release // the first round is in flight while the others arrive
+		}
+		return nil
+	}
+	nop := func(*os.File) error { return nil }
+	a := NewAppender(dir, nop)
+	defer a.Close()
+	const n = 8
+	errs := make(chan error, n+1)
+	go func() {
+		_, err := AppendLocked(filepath.Join(tenant, "first.jsonl"), []byte("x\n"), nop)
+		errs <- err
+	}()
+	for calls.Load() == 0 {
+		runtime.Gosched()
+	}
+	for i := range n {
+		go func() {
+			_, _, err := a.Append(filepath.Join(Dir, "t1", fmt.Sprintf("u%d.jsonl", i)), []byte("x\n"), nil)
+			errs <- err
+		}()
+	}
+	v, _ := dirGroups.Load(tenant)
+	g := v.(*dirGroup)
+	for {
+		g.mu.Lock()
+		waiting := len(g.pending)
+		g.mu.Unlock()
+		if waiting == n || calls.Load() > 1 {
+			break // all wait for the next round, or (wrongly) sync alone
+		}
+		runtime.Gosched()
+	}
+	close(release)
+	for range n + 1 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := calls.Load(); got != 2 {
+		t.Errorf("%d new logs made %d directory fsyncs, want 2 (one in flight, one shared by the rest)", n+1, got)
+	}
+}
+
+// The in-process appender fails an append to a new log whose directory
+// cannot be synced, and syncs it again on the next append.
+func TestAppender_FailedDirectorySyncIsRetried(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, Dir, "t1"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("EIO")
+	var calls atomic.Int32
+	orig := syncDir
+	t.Cleanup(func() { syncDir = orig })
+	syncDir = func(*os.File) error {
+		if calls.Add(1) == 1 {
+			return boom
+		}
+		return nil
+	}
+	a := NewAppender(dir, func(*os.File) error { return nil })
+	defer a.Close()
+	rel := filepath.Join(Dir, "t1", "u1.jsonl")
+	if _, _, err := a.Append(rel, []byte("one\n"), nil); !errors.Is(err, boom) {
+		t.Fatalf("first append: err = %v, want the directory sync's", err)
+	}
+	if _, _, err := a.Append(rel, []byte("two\n"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := calls.Load(); got != 2 {
+		t.Errorf("directory fsyncs = %d, want 2 (the failed one, then again)", got)
 	}
 }

@@ -301,3 +301,70 @@ func BenchmarkAppend(b *testing.B) {
 		}
 	})
 }
+
+// With more logs than descriptors to cache, the least recently used idle
+// log is closed to open another, and a log reopened that way goes on
+// writing into its reserve (it used to be appended to past the reserve,
+// without one, once the cache was full).
+func TestAppender_EvictsTheLeastRecentlyUsedLog(t *testing.T) {
+	orig := maxOpen
+	t.Cleanup(func() { maxOpen = orig })
+	maxOpen = 2
+	dir := t.TempDir()
+	a := NewAppender(dir, func(*os.File) error { return nil })
+	defer a.Close()
+	rels := []string{filepath.Join(Dir, "t", "u1.jsonl"), filepath.Join(Dir, "t", "u2.jsonl"), filepath.Join(Dir, "t", "u3.jsonl")}
+	size := func(rel string) int64 {
+		fi, err := os.Stat(filepath.Join(dir, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	want := map[string][][]byte{}
+	var offs = map[string][]int64{}
+	app := func(rel string, i int) {
+		t.Helper()
+		r := rec(i, 100)
+		off, _, err := a.Append(rel, r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[rel] = append(want[rel], r)
+		offs[rel] = append(offs[rel], off)
+	}
+	for i, rel := range rels {
+		app(rel, i)
+	}
+	first := size(rels[0])
+	open := func() (names []string) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.open != a.lru.Len() {
+			t.Fatalf("open = %d, lru holds %d", a.open, a.lru.Len())
+		}
+		for e := a.lru.Front(); e != nil; e = e.Next() {
+			for rel, g := range a.logs {
+				if g == e.Value.(*group) {
+					names = append(names, filepath.Base(rel))
+				}
+			}
+		}
+		return names
+	}
+	if got := strings.Join(open(), ","); got != "u3.jsonl,u2.jsonl" {
+		t.Fatalf("cached after u1, u2, u3: %s, want u3.jsonl,u2.jsonl", got)
+	}
+	for i := 3; i < 30; i++ {
+		app(rels[i%3], i) // each append reopens a log closed by the last
+	}
+	if got := size(rels[0]); got != first {
+		t.Errorf("u1 grew from %d to %d bytes: its records went past its reserve", first, got)
+	}
+	for _, rel := range rels {
+		wantLines(t, a, rel, want[rel], offs[rel])
+	}
+	if got := len(open()); got != 2 {
+		t.Errorf("%d descriptors cached, want at most 2", got)
+	}
+}
