@@ -79,7 +79,7 @@ type Syncer func(f *os.File) error
 func Fdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }
 
 // Appender appends to logs with group commit: concurrent appends to the same
-// log share one write and one fsync. It keeps up to MaxOpen logs open between
+// log share one write and one fsync. It keeps up to maxOpen logs open between
 // appends, closing the least recently used one (when idle) to open another.
 // It is safe for concurrent use.
 type Appender struct {
@@ -92,11 +92,18 @@ type Appender struct {
 	lru  *list.List // of *group with a cached descriptor, most recent first
 }
 
-// MaxOpen bounds the log files an Appender keeps open.
-const MaxOpen = 256
+// maxOpen bounds the log files an Appender keeps open: an eighth of the
+// process's open-file limit (which the Go runtime raises to the hard limit
+// at start), between 64 and 4096. Tests lower it.
+var maxOpen = openBudget()
 
-// maxOpen is MaxOpen; tests lower it.
-var maxOpen = MaxOpen
+func openBudget() int {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return 256
+	}
+	return int(min(max(lim.Cur/8, 64), 4096))
+}
 
 // NewAppender returns an appender for the logs under dataDir. sync nil
 // disables fsync (the relaxed durability mode).
