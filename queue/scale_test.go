@@ -21,14 +21,20 @@ import (
 	"github.com/outboxhq/outbox/render"
 )
 
-// TestScale fills a store with OUTBOX_SCALE_ROWS pending rows (make scale:
-// 1,000,000 over 1,000 users), then reopens it and checks that Open takes
+// TestScale fills a store with OUTBOX_SCALE_ROWS pending rows over
+// OUTBOX_SCALE_USERS users (make scale: 1,000,000 over 1,000 users), then reopens it and checks that Open takes
 // under 2 s, that the Go heap stays under 64 MiB, and that an idle store
 // (nothing due) uses no CPU. It is skipped unless the variable is set.
 func TestScale(t *testing.T) {
 	n, err := strconv.Atoi(os.Getenv("OUTBOX_SCALE_ROWS"))
 	if err != nil || n <= 0 {
 		t.Skip("set OUTBOX_SCALE_ROWS (e.g. 1000000) to run the scale test; make scale does")
+	}
+	users := 1000
+	if v := os.Getenv("OUTBOX_SCALE_USERS"); v != "" {
+		if users, err = strconv.Atoi(v); err != nil || users <= 0 {
+			t.Fatalf("OUTBOX_SCALE_USERS=%q: want a positive number", v)
+		}
 	}
 	dir := os.Getenv("OUTBOX_SCALE_DIR")
 	if dir == "" {
@@ -51,7 +57,7 @@ func TestScale(t *testing.T) {
 			for start := w * batch; start < n; start += 2 * batch {
 				envs := make([]*envelope.Envelope, 0, batch)
 				for i := start; i < min(start+batch, n); i++ {
-					e := queuetest.Reply(fmt.Sprintf("scale-%08d", i), fmt.Sprintf("u%04d", i%1000), "hello")
+					e := queuetest.Reply(fmt.Sprintf("scale-%08d", i), fmt.Sprintf("u%07d", i%users), "hello")
 					e.NotBefore = time.Now().Add(24 * time.Hour)
 					envs = append(envs, e)
 				}
@@ -109,8 +115,8 @@ func TestScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	fi, _ := os.Stat(dir + "/" + queue.IndexFile)
-	msg := fmt.Sprintf("scale: %d pending rows: Open %s, heap %d MiB, idle CPU %s over 2s, index %d MiB",
-		c.Total(envelope.StatePending), open.Round(time.Millisecond), ms.HeapAlloc>>20, idle, fi.Size()>>20)
+	msg := fmt.Sprintf("scale: %d pending rows over %d users: Open %s, heap %d MiB, idle CPU %s over 2s, index %d MiB",
+		c.Total(envelope.StatePending), users, open.Round(time.Millisecond), ms.HeapAlloc>>20, idle, fi.Size()>>20)
 	t.Log(msg)
 	fmt.Println(msg)
 	if c.Total(envelope.StatePending) != n {

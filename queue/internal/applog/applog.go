@@ -90,7 +90,17 @@ type Appender struct {
 	logs map[string]*group
 	open int        // logs with a cached descriptor
 	lru  *list.List // of *group with a cached descriptor, most recent first
+	// known is every group, most recently used first. Past maxGroups, the
+	// least recently used ones nobody holds (and without a descriptor)
+	// are forgotten: what they learned about their log is read again if
+	// needed. A long-running process that appends to a million users' logs
+	// keeps a bounded number of groups.
+	known *list.List
 }
+
+// maxGroups bounds the groups an Appender remembers (about 200 bytes
+// each); tests lower it.
+var maxGroups = 16384
 
 // maxOpen bounds the log files an Appender keeps open: an eighth of the
 // process's open-file limit (which the Go runtime raises to the hard limit
@@ -108,7 +118,7 @@ func openBudget() int {
 // NewAppender returns an appender for the logs under dataDir. sync nil
 // disables fsync (the relaxed durability mode).
 func NewAppender(dataDir string, sync Syncer) *Appender {
-	return &Appender{dir: dataDir, sync: sync, logs: map[string]*group{}, lru: list.New()}
+	return &Appender{dir: dataDir, sync: sync, logs: map[string]*group{}, lru: list.New(), known: list.New()}
 }
 
 // group batches the appends to one log.
@@ -121,8 +131,13 @@ type group struct {
 	f   *os.File   // cached descriptor, nil when closed
 	ino uint64
 	at  tail // where our last append left the file of inode ino (g.io)
-	// elem is g's place in the Appender's lru while f is open (Appender.mu).
-	elem *list.Element
+	// elem is g's place in the Appender's lru while f is open; the rest
+	// is under Appender.mu too.
+	elem   *list.Element
+	rel    string
+	all    *list.Element // place in Appender.known
+	refs   int           // callers holding g (group … put)
+	pinned bool          // directory entries still to sync: never forgotten
 
 	// wmu is held for writing around every write into the file and for
 	// reading by ReadComplete: an overwrite of the reserve is not atomic to
@@ -148,15 +163,43 @@ type request struct {
 	written func(off int64, ino uint64)
 }
 
+// group returns rel's group, held until put.
 func (a *Appender) group(rel string) *group {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	g := a.logs[rel]
 	if g == nil {
-		g = &group{at: unknownTail}
+		g = &group{at: unknownTail, rel: rel}
 		a.logs[rel] = g
+		g.all = a.known.PushFront(g)
+		a.forget()
+	} else {
+		a.known.MoveToFront(g.all)
 	}
+	g.refs++
 	return g
+}
+
+// put releases a group returned by group.
+func (a *Appender) put(g *group) {
+	a.mu.Lock()
+	g.refs--
+	a.mu.Unlock()
+}
+
+// forget drops the least recently used groups past maxGroups that nobody
+// holds, that have no cached descriptor and no directory sync pending.
+// a.mu is held.
+func (a *Appender) forget() {
+	for e := a.known.Back(); e != nil && len(a.logs) > maxGroups; {
+		g := e.Value.(*group)
+		prev := e.Prev()
+		if g.refs == 0 && g.elem == nil && !g.pinned {
+			a.known.Remove(e)
+			delete(a.logs, g.rel)
+		}
+		e = prev
+	}
 }
 
 // Append appends data (one or more complete lines, each ending in '\n') to
@@ -173,6 +216,7 @@ func (a *Appender) Append(rel string, data []byte, written func(off int64, ino u
 		return 0, 0, errors.New("applog: append data must end with a newline")
 	}
 	g := a.group(rel)
+	defer a.put(g)
 	r := &request{data: data, done: make(chan struct{}), written: written}
 	g.mu.Lock()
 	g.pending = append(g.pending, r)
@@ -272,6 +316,9 @@ func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, er
 				g.dirs = nil
 			}
 		}
+		a.mu.Lock()
+		g.pinned = g.dirs != nil
+		a.mu.Unlock()
 	}
 	_ = unix.Flock(int(g.f.Fd()), unix.LOCK_UN)
 	if err != nil {
@@ -331,6 +378,7 @@ func (a *Appender) release(g *group) {
 // the log's cached descriptor closed: fn may remove or replace the file.
 func (a *Appender) Exclusive(rel string, fn func()) {
 	g := a.group(rel)
+	defer a.put(g)
 	g.io.Lock()
 	defer g.io.Unlock()
 	if g.f != nil {
@@ -385,6 +433,7 @@ func (a *Appender) Settled(rel string) bool {
 // hold no complete line (a reserve, or a torn tail it read before).
 func (a *Appender) ReadComplete(rel string, off int64) ([]byte, error) {
 	g := a.group(rel)
+	defer a.put(g)
 	g.wmu.RLock()
 	defer g.wmu.RUnlock()
 	b, size, ino, known, err := readLog(filepath.Join(a.dir, rel), off, g.known)

@@ -392,3 +392,62 @@ func TestOpenBudget_FollowsTheFileLimit(t *testing.T) {
 		}
 	}
 }
+
+// An appender that has touched many logs remembers a bounded number of
+// them: it forgets the least recently used ones nobody holds, and a log it
+// forgot is still appended to in its reserve, and read right.
+func TestAppender_ForgetsIdleLogs(t *testing.T) {
+	origOpen, origGroups := maxOpen, maxGroups
+	t.Cleanup(func() { maxOpen, maxGroups = origOpen, origGroups })
+	maxOpen, maxGroups = 2, 4
+	dir := t.TempDir()
+	a := NewAppender(dir, func(*os.File) error { return nil })
+	defer a.Close()
+	const n = 20
+	rel := func(i int) string { return filepath.Join(Dir, "t", fmt.Sprintf("u%02d.jsonl", i)) }
+	remembered := func() int {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if len(a.logs) != a.known.Len() {
+			t.Fatalf("%d groups, %d in the list", len(a.logs), a.known.Len())
+		}
+		return len(a.logs)
+	}
+	want := map[int][][]byte{}
+	offs := map[int][]int64{}
+	sizes := map[int]int64{}
+	for round := range 2 {
+		for i := range n {
+			r := rec(round*n+i, 100)
+			off, _, err := a.Append(rel(i), r, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want[i] = append(want[i], r)
+			offs[i] = append(offs[i], off)
+			if round == 0 {
+				fi, err := os.Stat(filepath.Join(dir, rel(i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				sizes[i] = fi.Size()
+			}
+		}
+		if got := remembered(); got > maxGroups {
+			t.Fatalf("round %d: %d logs remembered after appending to %d, want at most %d", round, got, n, maxGroups)
+		}
+	}
+	for i := range n {
+		fi, err := os.Stat(filepath.Join(dir, rel(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size() != sizes[i] {
+			t.Errorf("log %d grew from %d to %d bytes: the second record went past the reserve", i, sizes[i], fi.Size())
+		}
+		wantLines(t, a, rel(i), want[i], offs[i])
+	}
+	if got := remembered(); got > maxGroups {
+		t.Fatalf("%d logs remembered after reading %d, want at most %d", got, n, maxGroups)
+	}
+}
