@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
@@ -370,8 +373,8 @@ func (q *Queue) catchUpAll() error {
 	if err != nil {
 		return err
 	}
-	if len(rels) == 0 {
-		return nil
+	if rels, err = q.withNews(rels); err != nil || len(rels) == 0 {
+		return err
 	}
 	return q.write(context.Background(), true, func(tx *bolt.Tx) error {
 		for _, rel := range rels {
@@ -381,6 +384,59 @@ func (q *Queue) catchUpAll() error {
 		}
 		return nil
 	})
+}
+
+// withNews returns the logs among rels that may hold lines past their
+// indexed offset. Most logs hold none: they are told apart by reads in
+// parallel, outside the writer's transaction, and only the others are
+// caught up in it. An offset read here can only be behind the one the
+// catch-up will find, so no log with news is left out.
+func (q *Queue) withNews(rels []string) ([]string, error) {
+	type pos struct {
+		off int64
+		ino uint64
+	}
+	at := make([]pos, len(rels))
+	err := q.viewNow(func(tx *bolt.Tx) error {
+		logs := tx.Bucket(bktLogs)
+		for i, rel := range rels {
+			if v := logs.Get([]byte(rel)); len(v) == 16 {
+				at[i] = pos{int64(binary.BigEndian.Uint64(v)), binary.BigEndian.Uint64(v[8:])}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	news := make([]bool, len(rels))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(2*runtime.GOMAXPROCS(0), len(rels)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(rels); i = int(next.Add(1) - 1) {
+				ino, err := inode(filepath.Join(q.dir, rels[i]))
+				switch {
+				case errors.Is(err, os.ErrNotExist):
+				case err != nil || ino != at[i].ino:
+					news[i] = true // a new or replaced file, or let the catch-up report
+				default:
+					data, err := q.app.ReadComplete(rels[i], at[i].off)
+					news[i] = err != nil || len(data) > 0
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	out := rels[:0]
+	for i, rel := range rels {
+		if news[i] {
+			out = append(out, rel)
+		}
+	}
+	return out, nil
 }
 
 // listLogs returns every log's path relative to the data directory.
