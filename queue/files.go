@@ -68,11 +68,30 @@ func (q *Queue) removeLogLocked(rel, tenant, user string) {
 	if idle, err := applog.OnlyReserve(f, off); err != nil || !idle {
 		return
 	}
+	ino, err := inode(path)
 	_ = os.Remove(path)
 	_ = os.Remove(path + quarantineExt)
+	if err == nil {
+		q.forgetLog(rel, ino)
+	}
 	_ = q.write(context.Background(), false, func(tx *bolt.Tx) error {
 		return tx.Bucket(bktLogs).Delete([]byte(rel))
 	})
+}
+
+// forgetLog forgets what this process remembers of the removed log rel
+// (inode ino): its cached envelopes, and its records appended in process
+// and not indexed yet (an Erase took them with the log), so that nothing
+// of it is read back from memory or indexed after the removal.
+func (q *Queue) forgetLog(rel string, ino uint64) {
+	q.cache.dropLog(rel)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for k, p := range q.known {
+		if p.rel == rel && p.ino == ino {
+			delete(q.known, k)
+		}
+	}
 }
 
 func isNotExist(err error) bool { return errors.Is(err, os.ErrNotExist) }

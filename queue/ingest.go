@@ -180,11 +180,6 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 	// updates in order, and every read of the store waits for the index
 	// updates submitted before it (see barrier), so a caller still reads
 	// its own writes. The reservations hold until the index is written.
-	for _, it := range items {
-		if !it.dup {
-			q.cache.put(cacheKey(it.rel, it.off), it.env)
-		}
-	}
 	keep := reserved
 	reserved = nil // released by the index op, not by the deferred unreserve
 	q.submitIndex(func(tx *bolt.Tx) error {
@@ -497,6 +492,10 @@ func (q *Queue) catchUpKnown(tx *bolt.Tx, rel string, known func(string) *prepar
 		if _, err := q.indexRecord(tx, rel, off, len(p.line)-1, p.env, p.segs, p.at, true); err != nil {
 			return false, err
 		}
+		// Cached here, in the writer's order, not by Enqueue: an Erase
+		// of the log that commits first drops the record (forgetLog)
+		// and it is never cached.
+		q.cache.put(cacheKey(rel, off), p.env)
 		off += int64(len(p.line))
 	}
 	return true, logs.Put([]byte(rel), append(u64(uint64(off)), u64(ino)...))
