@@ -53,11 +53,13 @@ var subs = sync.OnceValue(func() *subschemas {
 	}
 })
 
-// fastValid reports whether e, whose encoding is data, is certainly valid.
-// Invalid UTF-8 in e's strings has been ruled out by the caller.
-func fastValid(e *Envelope, data []byte) bool {
+// fastValid reports whether e, whose encoding is data, is certainly valid,
+// and if so the delivery rows it materialises (Rows). Invalid UTF-8 in e's
+// strings has been ruled out by the caller.
+func fastValid(e *Envelope, data []byte) (bool, int) {
+	const notSure = 0
 	if len(data) == 0 || data[0] != '{' {
-		return false
+		return false, notSure
 	}
 	// The top level of the schema, as the Go encoding meets it.
 	var c problemList
@@ -67,64 +69,79 @@ func fastValid(e *Envelope, data []byte) bool {
 		checkIdentifier(&c, "tenant_id", e.TenantID)
 	}
 	if len(c.list) > 0 || e.SchemaVersion != SchemaVersion || !e.Channel.Valid() || e.CreatedAt.IsZero() {
-		return false
+		return false, notSure
 	}
 	allowed, ok := templateChannels[e.Template]
 	if !ok {
-		return false
+		return false, notSure
 	}
 	ok = false
 	for _, ch := range allowed {
 		ok = ok || ch == e.Channel
 	}
 	if !ok || !isJSONObject(e.Payload) {
-		return false
+		return false, notSure
 	}
 	r := &e.Recipient
 	switch e.Channel {
 	case ChannelEmail:
 		if r.Email == "" || e.ConsentSnapshot.UnsubscribeRef == "" {
-			return false
+			return false, notSure
 		}
 	case ChannelPush:
 		if r.PushSubscription == nil {
-			return false
+			return false, notSure
 		}
 	case ChannelTelegram:
 		if r.ChatID == "" {
-			return false
+			return false, notSure
 		}
 	}
 
 	// The sub-objects, against the schema's definitions, as encoded.
 	s := subs()
 	if s.recipient.Validate(recipientInstance(r)) != nil {
-		return false
+		return false, notSure
 	}
 	if e.ConsentSnapshot != (ConsentSnapshot{}) && s.consent.Validate(consentInstance(&e.ConsentSnapshot)) != nil {
-		return false
+		return false, notSure
 	}
 	for _, t := range []time.Time{e.NotBefore, e.ExpiresAt, e.CreatedAt} {
 		if !t.IsZero() && s.timestamp.Validate(t.Format(time.RFC3339Nano)) != nil {
-			return false
+			return false, notSure
 		}
 	}
 	payload, err := jsonschema.UnmarshalJSON(bytes.NewReader(e.Payload))
 	if err != nil || s.payload[e.Template].Validate(payload) != nil {
-		return false
+		return false, notSure
 	}
 
 	// What the schema cannot say: escapes that decode to invalid UTF-8 in
 	// the payload, and the Go rules.
 	if len(utf8Problems(e.Payload)) > 0 {
-		return false
+		return false, notSure
 	}
 	top := map[string]json.RawMessage{"payload": e.Payload}
 	if e.TenantID != "" {
 		top["tenant_id"] = nil
 	}
+	rows := 1
+	if e.Template == TemplateReply {
+		// The reply's rules on the text the schema has just decoded (a
+		// string, by the schema), instead of decoding the payload again
+		// in goRules; its segments come from the same text.
+		text, ok := payload.(map[string]any)["text"].(string)
+		if !ok || !replyTextOK(text) {
+			return false, notSure
+		}
+		delete(top, "payload")
+		rows = max(1, len(SplitReply(text)))
+	}
 	var decodeProbs []Problem
-	return len(goRules(e, top, map[string]bool{}, &decodeProbs)) == 0 && len(decodeProbs) == 0
+	if len(goRules(e, top, map[string]bool{}, &decodeProbs)) > 0 || len(decodeProbs) > 0 {
+		return false, notSure
+	}
+	return true, rows
 }
 
 // recipientInstance is r as the JSON Schema validator sees its encoding.

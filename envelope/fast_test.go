@@ -43,12 +43,15 @@ func fixtureEnvelopes(tb testing.TB) (golden, invalid []*Envelope) {
 // not; it reports what each said.
 func checkFast(t *testing.T, what string, e *Envelope) (fast, full bool) {
 	t.Helper()
-	_, fast = fastEncoding(e)
+	_, rows, fast := fastEncoding(e)
 	fast = fast && len(encodingProblems(e)) == 0
 	_, err := fullEncoding(e, encodingProblems(e))
 	full = err == nil
 	if fast && !full {
 		t.Errorf("%s: the fast path accepts an envelope the full check rejects: %v", what, err)
+	}
+	if fast && rows != Rows(e) {
+		t.Errorf("%s: the fast path counts %d rows, Rows %d", what, rows, Rows(e))
 	}
 	return fast, full
 }

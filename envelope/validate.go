@@ -121,16 +121,40 @@ func Validate(e *Envelope) error {
 // (what json.Marshal(e) produces) when it is valid, so that a caller that
 // stores the envelope need not encode it twice.
 func ValidEncoding(e *Envelope) ([]byte, error) {
+	data, _, err := ValidEncodingRows(e)
+	return data, err
+}
+
+// ValidEncodingRows is ValidEncoding that also returns Rows(e) when e is
+// valid, without decoding the payload once more for it.
+func ValidEncodingRows(e *Envelope) ([]byte, int, error) {
 	if e == nil {
-		return nil, &ValidationError{Problems: []Problem{{Rule: "missing envelope"}}}
+		return nil, 0, &ValidationError{Problems: []Problem{{Rule: "missing envelope"}}}
 	}
 	pre := encodingProblems(e)
 	if len(pre) == 0 {
-		if data, ok := fastEncoding(e); ok {
-			return data, nil
+		if data, rows, ok := fastEncoding(e); ok {
+			return data, rows, nil
 		}
 	}
-	return fullEncoding(e, pre)
+	data, err := fullEncoding(e, pre)
+	if err != nil {
+		return nil, 0, err
+	}
+	return data, Rows(e), nil
+}
+
+// Rows returns how many delivery rows an envelope materialises: the number
+// of chat segments of a reply-text.v1 text, 1 otherwise.
+func Rows(e *Envelope) int {
+	if e.Template == TemplateReply {
+		if p, err := e.ReplyPayload(); err == nil {
+			if n := len(SplitReply(p.Text)); n > 0 {
+				return n
+			}
+		}
+	}
+	return 1
 }
 
 // encodingProblems finds the strings of e that encoding would silently
@@ -169,17 +193,21 @@ func encodingProblems(e *Envelope) []Problem {
 
 // fastEncoding encodes e and reports whether the fast path (fast.go) finds
 // it certainly valid. json.Marshal checks the payload's syntax itself.
-func fastEncoding(e *Envelope) ([]byte, bool) {
+func fastEncoding(e *Envelope) ([]byte, int, bool) {
 	for _, t := range []time.Time{e.NotBefore, e.ExpiresAt, e.CreatedAt} {
 		if y := t.Year(); y < 0 || y > 9999 {
-			return nil, false
+			return nil, 0, false
 		}
 	}
 	data, err := json.Marshal(e)
-	if err != nil || !fastValid(e, data) {
-		return nil, false
+	if err != nil {
+		return nil, 0, false
 	}
-	return data, true
+	ok, rows := fastValid(e, data)
+	if !ok {
+		return nil, 0, false
+	}
+	return data, rows, true
 }
 
 // fullEncoding runs every check on e and reports every problem, with pre
@@ -721,6 +749,11 @@ func checkPayload(c *problemList, t Template, raw json.RawMessage) error {
 		}
 	}
 	return nil
+}
+
+// replyTextOK reports whether a reply's text passes checkPayload's rules.
+func replyTextOK(text string) bool {
+	return strings.TrimSpace(text) != "" && len(text) <= MaxReplyTextBytes && utf8.ValidString(text)
 }
 
 // checkItem applies the moat rule and the link and graph-ref rules to one

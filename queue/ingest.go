@@ -22,16 +22,7 @@ import (
 
 // Segments returns how many delivery rows an envelope materialises: the
 // number of chat segments of a reply-text.v1 text, 1 otherwise.
-func Segments(e *envelope.Envelope) int {
-	if e.Template == envelope.TemplateReply {
-		if p, err := e.ReplyPayload(); err == nil {
-			if n := len(envelope.SplitReply(p.Text)); n > 0 {
-				return n
-			}
-		}
-	}
-	return 1
-}
+func Segments(e *envelope.Envelope) int { return envelope.Rows(e) }
 
 // prepared is one validated envelope on its way into a log.
 type prepared struct {
@@ -105,7 +96,7 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 		if e.TenantID == "" {
 			e.TenantID = envelope.DefaultTenant
 		}
-		line, err := envelope.ValidEncoding(e)
+		line, segs, err := envelope.ValidEncodingRows(e)
 		if err != nil {
 			return nil, &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
 		}
@@ -114,7 +105,7 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 			ek:   envKey(e.TenantID, e.ID),
 			rel:  applog.RelPath(e.TenantID, e.UserID),
 			line: append(line, '\n'),
-			segs: Segments(e),
+			segs: segs,
 			at:   now,
 		}
 	}
