@@ -687,6 +687,10 @@ func writeSynced(f *os.File, buf []byte, at int64, sync Syncer, wmu *sync.RWMute
 const (
 	minReserve = 4 << 10
 	maxReserve = 16 << 10
+	// maxBurst bounds the reserve a large write earns: room for four
+	// more like it, so that a log written in big group-commit batches
+	// (many producers, one user) does not change size at every sync.
+	maxBurst = 128 << 10
 )
 
 // tail is what the store's appender knows about a log after its last
@@ -696,17 +700,19 @@ type tail struct{ end, size int64 }
 
 var unknownTail = tail{-1, -1}
 
-// reserveFor returns the file size to extend to when data must end at n:
-// past n by a reserve that grows with the log, rounded to 4 KiB pages.
-func reserveFor(n int64) int64 {
+// reserveFor returns the file size to extend to when data must end at n
+// after a write of w bytes: past n by a reserve that grows with the log
+// and with the write, rounded to 4 KiB pages.
+func reserveFor(n, w int64) int64 {
 	r := min(max(n/4, minReserve), maxReserve)
+	r = max(r, min(4*w, maxBurst))
 	return (n + r + minReserve - 1) / minReserve * minReserve
 }
 
 // noReserve makes the appender append without a reserve (benchmarks).
 var noReserve = false
 
-var spaces = bytes.Repeat([]byte{' '}, maxReserve+minReserve)
+var spaces = bytes.Repeat([]byte{' '}, maxBurst+minReserve)
 
 // writeReserved writes buf at the end of f's data (f's flock is held),
 // into the reserve when it fits, else extending the file with a new
@@ -734,7 +740,7 @@ func writeReserved(f *os.File, buf []byte, sync Syncer, at tail, learn func(tail
 	newEnd := end + int64(len(buf))
 	out, newSize := buf, size
 	if newEnd > size {
-		newSize = reserveFor(newEnd)
+		newSize = reserveFor(newEnd, int64(len(buf)))
 		if noReserve {
 			newSize = newEnd
 		}

@@ -451,3 +451,44 @@ func TestAppender_ForgetsIdleLogs(t *testing.T) {
 		t.Fatalf("%d logs remembered after reading %d, want at most %d", got, n, maxGroups)
 	}
 }
+
+// Large writes (a group commit of many producers' records) earn a reserve
+// with room for a few more like them: the log does not change size at
+// every sync once its reserve is smaller than a batch.
+func TestReserve_LargeWritesEarnALargerReserve(t *testing.T) {
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	var sizes []int64
+	a := NewAppender(dir, func(f *os.File) error {
+		size, _, err := fileSize(f)
+		sizes = append(sizes, size)
+		return err
+	})
+	defer a.Close()
+	var want [][]byte
+	var offs []int64
+	for i := range 40 {
+		var batch []byte
+		for j := range 16 {
+			batch = append(batch, rec(i*16+j, 1100)...)
+		}
+		off, _, err := a.Append(rel, batch, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range 16 {
+			want = append(want, rec(i*16+j, 1100))
+			offs = append(offs, off+int64(j*1100))
+		}
+	}
+	changed := 0
+	for i := range sizes {
+		if i == 0 || sizes[i] != sizes[i-1] {
+			changed++
+		}
+	}
+	if changed > 12 {
+		t.Errorf("%d of %d syncs of 17 KiB batches followed a size change, want at most 12", changed, len(sizes))
+	}
+	wantLines(t, a, rel, want, offs)
+}
