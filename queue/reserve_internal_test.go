@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -110,5 +111,44 @@ func TestPrune_RemovesALogThatEndsInItsReserve(t *testing.T) {
 	q.app.Exclusive(rel, func() {})
 	if ok := q.app.Settled(rel); ok {
 		t.Fatal("Settled after Exclusive (the file may have been replaced)")
+	}
+}
+
+func TestRescanWait(t *testing.T) {
+	for _, c := range []struct{ interval, took, want time.Duration }{
+		{30 * time.Second, 50 * time.Millisecond, 30 * time.Second},
+		{30 * time.Second, 2 * time.Second, 200 * time.Second},
+		{time.Millisecond, time.Millisecond, 100 * time.Millisecond},
+	} {
+		if got := rescanWait(c.interval, c.took); got != c.want {
+			t.Errorf("rescanWait(%s, %s) = %s, want %s", c.interval, c.took, got, c.want)
+		}
+	}
+}
+
+// Periodic rescans take at most about 1 % of the time: the wait after a
+// pass grows with what the pass took.
+func TestTailer_RescanBacksOffWithItsCost(t *testing.T) {
+	dir := t.TempDir()
+	for i := range 200 {
+		if err := Append(dir, faultEnvelope(fmt.Sprintf("e%d", i), fmt.Sprintf("u%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, err := Open(dir, &Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DisableWatcher: true, RescanInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	select {
+	case <-q.tail.scanned:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no periodic rescan")
+	}
+	q.tail.mu.Lock()
+	took, wait := q.tail.took, q.tail.wait
+	q.tail.mu.Unlock()
+	if took <= 0 || wait != rescanWait(time.Millisecond, took) || wait < 100*took {
+		t.Fatalf("a rescan of 200 logs took %s and set a wait of %s, want 100× (at least the interval)", took, wait)
 	}
 }

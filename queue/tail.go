@@ -30,6 +30,21 @@ type tailer struct {
 	mu    sync.Mutex
 	dirty map[string]bool
 	all   bool
+	// took and wait are the last full pass's duration and the wait it set
+	// before the next periodic one (mu; tests read them).
+	took, wait time.Duration
+}
+
+// rescanBudget is the share of the time periodic rescans may take: after
+// a pass that took d, the next waits at least d/rescanBudget (the rescan
+// interval otherwise). With hundreds of thousands of logs a pass takes
+// seconds; the store still stays near idle, and fsnotify still wakes it
+// at once for appends.
+const rescanBudget = 0.01
+
+// rescanWait returns the wait before the next periodic rescan.
+func rescanWait(interval, took time.Duration) time.Duration {
+	return max(interval, time.Duration(float64(took)/rescanBudget))
 }
 
 func newTailer(q *Queue) *tailer {
@@ -140,10 +155,11 @@ func (t *tailer) watch() {
 func (t *tailer) loop() {
 	defer t.done.Done()
 	var tick <-chan time.Time
+	var timer *time.Timer
 	if t.q.opts.RescanInterval > 0 {
-		tk := time.NewTicker(t.q.opts.RescanInterval)
-		defer tk.Stop()
-		tick = tk.C
+		timer = time.NewTimer(t.q.opts.RescanInterval)
+		defer timer.Stop()
+		tick = timer.C
 	}
 	for {
 		select {
@@ -160,7 +176,16 @@ func (t *tailer) loop() {
 		t.mu.Unlock()
 		var err error
 		if all {
+			start := time.Now()
 			err = t.q.catchUpAll()
+			if timer != nil {
+				took := time.Since(start)
+				wait := rescanWait(t.q.opts.RescanInterval, took)
+				t.mu.Lock()
+				t.took, t.wait = took, wait
+				t.mu.Unlock()
+				timer.Reset(wait)
+			}
 		} else {
 			// Settled again since it was marked: nothing to read.
 			for rel := range dirty {
