@@ -27,7 +27,7 @@ demo: ## run the whole delivery loop once on ./data with the sink provider (no c
 
 .PHONY: bench
 bench: ## Go benchmarks, then outbox bench
-	$(GO) test -run '^$$' -bench . -benchtime 2000x ./queue/... ./cmd/...
+	$(GO) test -p 1 -run '^$$' -bench . -benchtime 2000x ./queue/... ./cmd/...
 	$(GO) run ./cmd/outbox bench
 
 .PHONY: fuzz
