@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,5 +112,54 @@ func TestIndex_CloseCommitsGatheredUpdates(t *testing.T) {
 	q = openFault(t, dir)
 	if got := rows(t, q); got != 3 {
 		t.Fatalf("%d rows after reopen, want 3", got)
+	}
+}
+
+// While the writer gathers, Enqueue leaves its index update for it to take
+// instead of waking it; a claim that ends the gathering still sees the rows
+// those updates index (they go first in the transaction).
+func TestIndex_GatheredUpdatesDoNotWakeTheWriter(t *testing.T) {
+	q := openFault(t, t.TempDir())
+	q.indexDelay.Store(int64(time.Hour))
+	commits := countCommits(t, q)
+	ctx := context.Background()
+	if _, err := q.Enqueue(ctx, faultEnvelope("r-0", "u1")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		q.idxMu.Lock()
+		g := q.gathering
+		q.idxMu.Unlock()
+		if g {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the writer does not gather the first index update")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for i := 1; i <= 4; i++ {
+		// Other users' logs: the first update's catch-up of u1's log
+		// cannot index them on the way.
+		if _, err := q.Enqueue(ctx, faultEnvelope(fmt.Sprintf("r-%d", i), fmt.Sprintf("u%d", i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q.idxMu.Lock()
+	quiet := len(q.quiet)
+	q.idxMu.Unlock()
+	if quiet != 4 || len(q.ops) != 0 {
+		t.Fatalf("%d updates left for the gathering writer, %d sent to it; want 4 and 0", quiet, len(q.ops))
+	}
+	leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 10, Lazy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases) != 5 {
+		t.Fatalf("the claim that ended the gathering leased %d rows, want all 5", len(leases))
+	}
+	if n := commits.Load(); n != 1 {
+		t.Fatalf("%d transactions, want 1 (5 index updates and the claim)", n)
 	}
 }

@@ -42,6 +42,13 @@ type Queue struct {
 	// indexDelay is how long the writer gathers Enqueue's index updates
 	// (defaultIndexDelay; tests set it before the first enqueue).
 	indexDelay atomic.Int64
+	// While the writer gathers index updates (gathering), submitIndex
+	// leaves them in quiet instead of waking it for each: the writer takes
+	// them when it stops gathering (its delay ran out, a read flushes, or a
+	// waited-for write arrives).
+	idxMu     sync.Mutex
+	gathering bool
+	quiet     []*op
 
 	// beforeCommit, set only by tests, runs inside every write transaction
 	// after its ops: an error fails the transaction (a full disk, an I/O
@@ -277,14 +284,19 @@ func (q *Queue) writeLoop() {
 			// until an op somebody waits for arrives (it joins this
 			// transaction) or a read wants them (flushIndex).
 			delay.Reset(time.Duration(q.indexDelay.Load()))
+			q.idxMu.Lock()
+			q.gathering = true
+			q.idxMu.Unlock()
+			var waited *op // the op somebody waits for that ended the gathering
 		gather:
 			for len(batch) < maxBatch {
 				select {
 				case o := <-q.ops:
-					batch = append(batch, o)
 					if !o.index {
+						waited = o
 						break gather
 					}
+					batch = append(batch, o)
 				case <-q.flushC:
 					break gather
 				case <-delay.C:
@@ -294,6 +306,15 @@ func (q *Queue) writeLoop() {
 				}
 			}
 			delay.Stop()
+			q.idxMu.Lock()
+			q.gathering = false
+			batch = append(batch, q.quiet...)
+			q.quiet = nil
+			q.idxMu.Unlock()
+			if waited != nil {
+				// After the updates: a claim sees the rows they index.
+				batch = append(batch, waited)
+			}
 			// What was queued meanwhile joins too: a read's flush then
 			// always covers the update it waits for, which was queued
 			// before the flush.
@@ -384,6 +405,13 @@ func (q *Queue) submitIndex(fn func(tx *bolt.Tx) error, after func(error)) {
 	q.mu.Lock()
 	q.lastIdx = o
 	q.mu.Unlock()
+	q.idxMu.Lock()
+	if q.gathering {
+		q.quiet = append(q.quiet, o)
+		q.idxMu.Unlock()
+		return
+	}
+	q.idxMu.Unlock()
 	select {
 	case q.ops <- o:
 	case <-q.stop:
