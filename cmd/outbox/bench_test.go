@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 )
@@ -9,7 +10,11 @@ import (
 // outbox bench runs the harness's phases through the real store and worker
 // and reports the harness's metric names; --only picks phase groups.
 func TestBench_SmallRun(t *testing.T) {
-	out, errs, code := runCmd(t, "bench", "--json", "--data", t.TempDir(), "-n", "60", "--e2e-n", "20", "--e2e-rate", "2000", "--users", "3", "--only", "p1,e2e")
+	data := t.TempDir()
+	out, errs, code := runCmd(t, "bench", "--json", "--data", data, "-n", "60", "--e2e-n", "20", "--e2e-rate", "2000", "--users", "3", "--only", "p1,e2e")
+	if left, _ := os.ReadDir(data); len(left) != 0 {
+		t.Errorf("the run left %d stores behind in its data directory", len(left))
+	}
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
