@@ -127,15 +127,17 @@ func fastValid(e *Envelope, data []byte) (bool, int) {
 	}
 	rows := 1
 	if e.Template == TemplateReply {
-		// The reply's rules on the text the schema has just decoded (a
-		// string, by the schema), instead of decoding the payload again
-		// in goRules; its segments come from the same text.
-		text, ok := payload.(map[string]any)["text"].(string)
-		if !ok || !replyTextOK(text) {
+		// The reply's Go rules here rather than in goRules, decoding the
+		// payload exactly as checkPayload does (Go's decoder, not the
+		// schema's map: it matches keys case-insensitively and fails on a
+		// repeated key of the wrong type), so that its segments come from
+		// the same decode.
+		var p ReplyPayload
+		if json.Unmarshal(e.Payload, &p) != nil || !replyTextOK(p.Text) {
 			return false, notSure
 		}
 		delete(top, "payload")
-		rows = max(1, len(SplitReply(text)))
+		rows = max(1, len(SplitReply(p.Text)))
 	}
 	var decodeProbs []Problem
 	if len(goRules(e, top, map[string]bool{}, &decodeProbs)) > 0 || len(decodeProbs) > 0 {

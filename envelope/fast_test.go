@@ -198,6 +198,10 @@ func FuzzFastValid(f *testing.F) {
 			f.Add(data)
 		}
 	}
+	// Payload keys that the schema and Go's decoder read differently.
+	for _, payload := range []string{`{"text":"hi","TEXT":5}`, `{"text":5,"text":"hi"}`} {
+		f.Add([]byte(`{"schema_version":"1","id":"r1","user_id":"u1","channel":"telegram","template":"reply-text.v1","recipient":{"chat_id":"42"},"payload":` + payload + `,"created_at":"2026-05-04T20:41:17Z"}`))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		e := new(Envelope)
 		if json.Unmarshal(data, e) != nil {
@@ -205,4 +209,33 @@ func FuzzFastValid(f *testing.F) {
 		}
 		checkFast(t, "fuzzed", e)
 	})
+}
+
+// Payload keys that the JSON Schema and Go's decoder read differently: a
+// key equal to "text" but for case, and a repeated "text". The schema
+// takes the exact, last key; Go's decoder matches keys case-insensitively
+// and fails on any value of the wrong type. The fast path must not accept
+// what the Go rules reject.
+func TestFastValid_ReplyPayloadKeysGoReadsDifferently(t *testing.T) {
+	golden, _ := fixtureEnvelopes(t)
+	var reply *Envelope
+	for _, e := range golden {
+		if e.Template == TemplateReply {
+			reply = e
+		}
+	}
+	if reply == nil {
+		t.Fatal("no reply golden fixture")
+	}
+	for _, payload := range []string{
+		`{"text":"hi","TEXT":5}`,
+		`{"Text":5,"text":"hi"}`,
+		`{"text":5,"text":"hi"}`,
+		`{"text":"hi","text":"  "}`,
+		`{"tExt":"hi"}`,
+	} {
+		cp := *reply
+		cp.Payload = json.RawMessage(payload)
+		checkFast(t, payload, &cp)
+	}
 }
