@@ -169,13 +169,13 @@ func (a *Appender) group(rel string) *group {
 	defer a.mu.Unlock()
 	g := a.logs[rel]
 	if g == nil {
-		g = &group{at: unknownTail, rel: rel}
+		g = &group{at: unknownTail, rel: rel, refs: 1}
 		a.logs[rel] = g
 		g.all = a.known.PushFront(g)
-		a.forget()
-	} else {
-		a.known.MoveToFront(g.all)
+		a.forget() // never g: it is held already
+		return g
 	}
+	a.known.MoveToFront(g.all)
 	g.refs++
 	return g
 }

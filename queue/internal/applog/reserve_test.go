@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -491,4 +492,96 @@ func TestReserve_LargeWritesEarnALargerReserve(t *testing.T) {
 		t.Errorf("%d of %d syncs of 17 KiB batches followed a size change, want at most 12", changed, len(sizes))
 	}
 	wantLines(t, a, rel, want, offs)
+}
+
+// Many goroutines appending to more logs than the appender keeps open or
+// remembers: every record lands once, whole, at the offset reported, in
+// the reserve of its own log.
+func TestAppender_ConcurrentAppendsWithEvictions(t *testing.T) {
+	origOpen, origGroups := maxOpen, maxGroups
+	t.Cleanup(func() { maxOpen, maxGroups = origOpen, origGroups })
+	maxOpen, maxGroups = 3, 5
+	dir := t.TempDir()
+	a := NewAppender(dir, func(*os.File) error { return nil })
+	defer a.Close()
+	const workers, each, logs = 8, 150, 20
+	type placed struct {
+		rel string
+		off int64
+		rec []byte
+	}
+	out := make(chan placed, workers*each)
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				n := w*each + i
+				rel := filepath.Join(Dir, "t", fmt.Sprintf("u%02d.jsonl", (n*7)%logs))
+				r := rec(n, 120)
+				off, _, err := a.Append(rel, r, nil)
+				if err != nil {
+					errs <- err
+					return
+				}
+				out <- placed{rel, off, r}
+			}
+		}()
+	}
+	wg.Wait()
+	close(out)
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	byLog := map[string][]placed{}
+	for p := range out {
+		byLog[p.rel] = append(byLog[p.rel], p)
+	}
+	total := 0
+	for rel, ps := range byLog {
+		b, err := ReadComplete(filepath.Join(dir, rel), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := Lines(b, 0)
+		if len(lines) != len(ps) {
+			for _, p := range ps {
+				found := false
+				for _, ln := range lines {
+					if ln.Off == p.off {
+						found = true
+						if string(ln.Data)+"\n" != string(p.rec) {
+							t.Logf("at %d: %q, want %q", p.off, ln.Data[:30], p.rec[:30])
+						}
+					}
+				}
+				if !found {
+					t.Logf("record %q reported at %d: no line starts there; bytes there: %q", p.rec[:20], p.off, b[max(p.off-5, 0):min(p.off+30, int64(len(b)))])
+				}
+			}
+			t.Fatalf("%s: %d lines, %d records appended", rel, len(lines), len(ps))
+		}
+		at := map[int64]string{}
+		for _, ln := range lines {
+			at[ln.Off] = string(ln.Data) + "\n"
+		}
+		for _, p := range ps {
+			if at[p.off] != string(p.rec) {
+				t.Fatalf("%s: at %d reads %q, want %q", rel, p.off, at[p.off], p.rec)
+			}
+		}
+		total += len(ps)
+	}
+	if total != workers*each {
+		t.Fatalf("%d records placed, want %d", total, workers*each)
+	}
+	a.mu.Lock()
+	open, remembered := a.open, len(a.logs)
+	a.mu.Unlock()
+	if open > maxOpen || remembered > maxGroups {
+		t.Errorf("%d descriptors open (max %d), %d logs remembered (max %d)", open, maxOpen, remembered, maxGroups)
+	}
 }
