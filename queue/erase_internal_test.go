@@ -3,6 +3,8 @@ package queue
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,5 +110,92 @@ func TestErase_ForgetsCachedEnvelopes(t *testing.T) {
 	}
 	if env.ID != "new" || env.Recipient.ChatID != "777" {
 		t.Fatalf("read back %q for chat %q: the erased envelope, from the cache", env.ID, env.Recipient.ChatID)
+	}
+}
+
+// Enqueues (in process and by another process's appender) racing Erases of
+// the same users leave a consistent store: the index and the logs agree,
+// and every claimed row carries its own envelope.
+func TestErase_RacingEnqueuesLeaveAConsistentStore(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	defer q.Close()
+	ctx := context.Background()
+	const users = 4 // u0 and u1 are erased over and over; u2 and u3 are not
+	var writers sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 3 {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			for i := range 150 {
+				e := faultEnvelope(fmt.Sprintf("w%d-%d", w, i), fmt.Sprintf("u%d", i%users))
+				e.Recipient.ChatID = fmt.Sprintf("%d", 1000*w+i)
+				var err error
+				if w == 2 {
+					err = Append(dir, e) // another process's appender
+				} else {
+					_, err = q.Enqueue(ctx, e)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { writers.Wait(); close(done) }()
+	erased := make(chan struct{})
+	go func() {
+		defer close(erased)
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if err := q.Erase(ctx, "", fmt.Sprintf("u%d", i%2)); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	<-erased
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if err := q.catchUpAll(); err != nil { // the other process's last lines
+		t.Fatal(err)
+	}
+	rep, err := q.Check()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Fatalf("store inconsistent after enqueues racing erases: %v", rep.Problems)
+	}
+	leases, err := q.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 1000, Lazy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := 0
+	for _, l := range leases {
+		if l.Envelope == nil || l.Envelope.ID != l.Key.EnvelopeID {
+			t.Fatalf("lease of %s carries envelope %+v", l.Key.EnvelopeID, l.Envelope)
+		}
+		if l.UserID == "u2" || l.UserID == "u3" {
+			kept++
+		}
+	}
+	want := 0
+	for i := range 150 {
+		if i%users >= 2 {
+			want += 3
+		}
+	}
+	if kept != want {
+		t.Fatalf("%d rows of the users never erased, want %d", kept, want)
 	}
 }
