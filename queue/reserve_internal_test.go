@@ -152,3 +152,32 @@ func TestTailer_RescanBacksOffWithItsCost(t *testing.T) {
 		t.Fatalf("a rescan of 200 logs took %s and set a wait of %s, want 100× (at least the interval)", took, wait)
 	}
 }
+
+// Another process appends while periodic rescans run: every line is indexed
+// by some rescan (the parallel look for logs with news skips none).
+func TestTailer_RescansIndexEveryForeignAppend(t *testing.T) {
+	dir := t.TempDir()
+	q, err := Open(dir, &Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DisableWatcher: true, RescanInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	const n = 300
+	for i := range n {
+		if err := Append(dir, faultEnvelope(fmt.Sprintf("f%d", i), fmt.Sprintf("u%d", i%10))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; i < n; {
+		if _, err := q.Get(ctx, "", fmt.Sprintf("f%d", i)); err == nil {
+			i++
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("f%d not indexed by the rescans", i)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
