@@ -233,6 +233,35 @@ func (q *Queue) consentFor(ctx context.Context, tx *bolt.Tx, tenant, user string
 // reserve checks consent, marks duplicates and reserves the new keys; it
 // returns the keys reserved (to release after indexing).
 func (q *Queue) reserve(ctx context.Context, items []*prepared) ([]string, error) {
+	// Reserve the ids against concurrent enqueues of the same ids first,
+	// waiting while one is in flight (it is a duplicate once indexed, or
+	// gone if it failed); then one look decides consent and duplicates of
+	// what is indexed, with nothing of these ids able to land meanwhile.
+	var reserved []string
+	for {
+		q.mu.Lock()
+		busy := false
+		for _, it := range items {
+			if _, ok := q.inflight[string(it.ek)]; ok {
+				busy = true
+				break
+			}
+		}
+		if !busy {
+			for _, it := range items {
+				k := string(it.ek)
+				if _, ok := q.inflight[k]; !ok { // an id twice in one call: once
+					q.inflight[k] = struct{}{}
+					reserved = append(reserved, k)
+				}
+			}
+			q.mu.Unlock()
+			break
+		}
+		q.mu.Unlock()
+		q.flushIndex()
+		time.Sleep(50 * time.Microsecond)
+	}
 	first := map[string]*prepared{}
 	err := q.viewNow(func(tx *bolt.Tx) error {
 		if err := q.checkConsent(ctx, tx, items); err != nil {
@@ -254,72 +283,10 @@ func (q *Queue) reserve(ctx context.Context, items []*prepared) ([]string, error
 		return nil
 	})
 	if err != nil {
+		q.unreserve(reserved)
 		return nil, err
 	}
-	var reserved []string
-	for {
-		q.mu.Lock()
-		busy := false
-		for _, it := range items {
-			if !it.dup {
-				if _, ok := q.inflight[string(it.ek)]; ok {
-					busy = true
-					break
-				}
-			}
-		}
-		if !busy {
-			for _, it := range items {
-				if !it.dup {
-					q.inflight[string(it.ek)] = struct{}{}
-					reserved = append(reserved, string(it.ek))
-				}
-			}
-			q.mu.Unlock()
-			// Another enqueue of the same id may have been indexed (and
-			// released its reservation) since the first look: look again,
-			// now that ours holds.
-			err := q.viewNow(func(tx *bolt.Tx) error {
-				for _, it := range items {
-					if it.dup {
-						continue
-					}
-					if e, err := getEnv(tx, it.ek); err != nil {
-						return err
-					} else if e != nil {
-						it.dup, it.segs = true, e.Segs
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				q.unreserve(reserved)
-				return nil, err
-			}
-			return reserved, nil
-		}
-		q.mu.Unlock()
-		// Another enqueue of the same id is in flight: wait for it, then
-		// look again (it is a duplicate once indexed).
-		q.flushIndex()
-		time.Sleep(50 * time.Microsecond)
-		err := q.viewNow(func(tx *bolt.Tx) error {
-			for _, it := range items {
-				if it.dup {
-					continue
-				}
-				if e, err := getEnv(tx, it.ek); err != nil {
-					return err
-				} else if e != nil {
-					it.dup, it.segs = true, e.Segs
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, err
-		}
-	}
+	return reserved, nil
 }
 
 func (q *Queue) isInflight(ek []byte) bool {

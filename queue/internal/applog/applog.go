@@ -62,9 +62,12 @@ func Name(id string) string {
 	return b.String()
 }
 
-// RelPath returns the log's path relative to the data directory.
+// RelPath returns the log's path relative to the data directory. Names
+// hold no separator and are never "." or "..", so the parts are joined
+// as they are (what filepath.Join would return, without its Clean).
 func RelPath(tenant, user string) string {
-	return filepath.Join(Dir, Name(tenant), Name(user)+Ext)
+	const sep = string(filepath.Separator)
+	return Dir + sep + Name(tenant) + sep + Name(user) + Ext
 }
 
 // Path returns the log's absolute path under dataDir.

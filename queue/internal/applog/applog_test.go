@@ -294,3 +294,13 @@ func TestAppender_FailedDirectorySyncIsRetried(t *testing.T) {
 		t.Errorf("directory fsyncs = %d, want 2 (the failed one, then again)", got)
 	}
 }
+
+func TestRelPath_IsTheCleanJoin(t *testing.T) {
+	for _, tenant := range []string{"", "default", "Acme Corp", "../x", "."} {
+		for _, user := range []string{"", "u_42", "..", "a/b", "ユーザー"} {
+			if got, want := RelPath(tenant, user), filepath.Join(Dir, Name(tenant), Name(user)+Ext); got != want {
+				t.Errorf("RelPath(%q, %q) = %q, want %q", tenant, user, got, want)
+			}
+		}
+	}
+}
