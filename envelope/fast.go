@@ -3,6 +3,7 @@ package envelope
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"sync"
 	"time"
 
@@ -111,13 +112,8 @@ func fastValid(e *Envelope, data []byte) (bool, int) {
 			return false, notSure
 		}
 	}
-	payload, err := jsonschema.UnmarshalJSON(bytes.NewReader(e.Payload))
-	if err != nil || s.payload[e.Template].Validate(payload) != nil {
-		return false, notSure
-	}
-
 	// What the schema cannot say: escapes that decode to invalid UTF-8 in
-	// the payload, and the Go rules.
+	// the payload.
 	if len(utf8Problems(e.Payload)) > 0 {
 		return false, notSure
 	}
@@ -126,24 +122,66 @@ func fastValid(e *Envelope, data []byte) (bool, int) {
 		top["tenant_id"] = nil
 	}
 	rows := 1
-	if e.Template == TemplateReply {
-		// The reply's Go rules here rather than in goRules, decoding the
-		// payload exactly as checkPayload does (Go's decoder, not the
-		// schema's map: it matches keys case-insensitively and fails on a
-		// repeated key of the wrong type), so that its segments come from
-		// the same decode.
-		var p ReplyPayload
-		if json.Unmarshal(e.Payload, &p) != nil || !replyTextOK(p.Text) {
+	if text, ok := replyText(e); ok {
+		// A reply payload as Go builds it, {"text": "…"} and nothing else:
+		// the schema asks for a string of 1 to 65536 code points, which
+		// the Go rules (1 to 65536 bytes, not blank) imply. One read of the
+		// payload instead of the schema's decode and Go's.
+		if !replyTextOK(text) {
 			return false, notSure
 		}
 		delete(top, "payload")
-		rows = max(1, len(SplitReply(p.Text)))
+		rows = max(1, len(SplitReply(text)))
+	} else {
+		payload, err := jsonschema.UnmarshalJSON(bytes.NewReader(e.Payload))
+		if err != nil || s.payload[e.Template].Validate(payload) != nil {
+			return false, notSure
+		}
+		if e.Template == TemplateReply {
+			// The reply's Go rules here rather than in goRules, decoding
+			// the payload exactly as checkPayload does (Go's decoder, not
+			// the schema's map: it matches keys case-insensitively and
+			// fails on a repeated key of the wrong type), so that its
+			// segments come from the same decode.
+			var p ReplyPayload
+			if json.Unmarshal(e.Payload, &p) != nil || !replyTextOK(p.Text) {
+				return false, notSure
+			}
+			delete(top, "payload")
+			rows = max(1, len(SplitReply(p.Text)))
+		}
 	}
 	var decodeProbs []Problem
 	if len(goRules(e, top, map[string]bool{}, &decodeProbs)) > 0 || len(decodeProbs) > 0 {
 		return false, notSure
 	}
 	return true, rows
+}
+
+// replyText returns the text of a reply whose payload is exactly one
+// member, "text", holding a string; ok is false for anything else.
+func replyText(e *Envelope) (text string, ok bool) {
+	if e.Template != TemplateReply {
+		return "", false
+	}
+	dec := json.NewDecoder(bytes.NewReader(e.Payload))
+	want := func(match func(json.Token) bool) bool {
+		t, err := dec.Token()
+		return err == nil && match(t)
+	}
+	delim := func(d json.Delim) func(json.Token) bool {
+		return func(t json.Token) bool { return t == d }
+	}
+	if !want(delim('{')) || !want(func(t json.Token) bool { return t == "text" }) {
+		return "", false
+	}
+	if !want(func(t json.Token) bool { text, ok = t.(string); return ok }) || !want(delim('}')) {
+		return "", false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return "", false
+	}
+	return text, true
 }
 
 // recipientInstance is r as the JSON Schema validator sees its encoding.

@@ -233,9 +233,31 @@ func TestFastValid_ReplyPayloadKeysGoReadsDifferently(t *testing.T) {
 		`{"text":5,"text":"hi"}`,
 		`{"text":"hi","text":"  "}`,
 		`{"tExt":"hi"}`,
+		`{"text":""}`, `{"text":" \n"}`, `{"text":null}`, `{"text":1}`, `{"text":["a"]}`,
+		`{"text":{"a":"b"}}`, `{"text":"hi","x":1}`, `{"x":1,"text":"hi"}`, `{"text":"\ud800"}`,
+		`{"text":"te\u0078t"}`, `{"te\u0078t":"hi"}`, `{}`,
+		`{"text":"` + strings.Repeat("a", MaxReplyTextBytes) + `"}`,
+		`{"text":"` + strings.Repeat("a", MaxReplyTextBytes+1) + `"}`,
+		`{"text":"` + strings.Repeat("é", 40000) + `"}`,
 	} {
 		cp := *reply
 		cp.Payload = json.RawMessage(payload)
 		checkFast(t, payload, &cp)
+	}
+}
+
+func TestReplyText_OnlyTheCanonicalPayload(t *testing.T) {
+	for payload, want := range map[string]bool{
+		`{"text":"hi"}`: true, `{ "text" : "h\u00e9" }`: true,
+		`{"text":"hi","x":1}`: false, `{"Text":"hi"}`: false, `{"text":1}`: false,
+		`{"text":"hi"}{}`: false, `[]`: false, `{}`: false,
+	} {
+		e := &Envelope{Template: TemplateReply, Payload: json.RawMessage(payload)}
+		if _, ok := replyText(e); ok != want {
+			t.Errorf("replyText(%s) ok = %v, want %v", payload, ok, want)
+		}
+	}
+	if _, ok := replyText(&Envelope{Template: TemplateNudge, Payload: json.RawMessage(`{"text":"hi"}`)}); ok {
+		t.Error("replyText takes a nudge's payload")
 	}
 }
