@@ -47,8 +47,12 @@ workspace) on a fresh store each, with 1 KiB envelopes:
   e2e_c4    the same with 4 worker slots
 
 Durability: every acknowledged enqueue is fsynced to its append log (group
-commit); claims and commits are fsynced bbolt transactions. --relaxed skips
-fsync (not durable against a machine crash).
+commit). Claims and commits are bbolt transactions without fsync: the no-op
+provider declares that it redelivers idempotently (as Resend does under its
+Idempotency-Key), so a claim lost to a machine crash is redelivered under the
+same key; a worker with a provider that does not (Telegram, Web Push) fsyncs
+each claim. --relaxed skips the enqueue's fsync too (not durable against a
+machine crash).
 
 Flags:
 `
@@ -147,7 +151,7 @@ func durability(relaxed bool) string {
 	if relaxed {
 		return "relaxed (no fsync)"
 	}
-	return "durable (fsync per group commit)"
+	return "durable (enqueues fsynced per group commit; claims unsynced: the provider redelivers idempotently)"
 }
 
 // benchProvider is a no-op provider that records when each key arrived.

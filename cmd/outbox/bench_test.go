@@ -36,6 +36,11 @@ func TestBench_SmallRun(t *testing.T) {
 	if v, ok := res.Metrics["duplicates_n"]; !ok || v != 0 {
 		t.Errorf("duplicates_n = %v (present %v), want 0", v, ok)
 	}
+	// It states its durability, including that the claims are not
+	// fsynced (the no-op provider redelivers idempotently).
+	if d, _ := res.Params["durability"].(string); !strings.HasPrefix(d, "durable") || !strings.Contains(d, "claims unsynced") {
+		t.Errorf("params.durability = %q, want the enqueue's and the claims' durability", d)
+	}
 	if _, ran := res.Metrics["send_p16_per_s"]; ran {
 		t.Error("--only p1,e2e ran send_p16")
 	}
