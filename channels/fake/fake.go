@@ -105,6 +105,9 @@ type Call struct {
 	// Outcome is the answer a Reconcile gave (Unknown for Deliver, and for
 	// a Reconcile that returned an error).
 	Outcome channels.Outcome
+	// HandOff is true for a Deliver of a handed-off envelope
+	// (channels.IsHandOff).
+	HandOff bool
 }
 
 // ReconcileFunc answers Reconcile for keys that have no reconcile script.
@@ -245,7 +248,7 @@ func (p *Provider) Deliver(ctx context.Context, key envelope.Key, msg *envelope.
 			p.scripts[key] = s[1:]
 		}
 	}
-	p.calls = append(p.calls, Call{Op: OpDeliver, Key: key, Message: msg, Step: step})
+	p.calls = append(p.calls, Call{Op: OpDeliver, Key: key, Message: msg, Step: step, HandOff: channels.IsHandOff(ctx)})
 	retryAfter := p.retryAfter
 	var receipt string
 	if step == Succeed || step == LoseReceipt {
