@@ -6,6 +6,7 @@ import (
 	"io"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
@@ -164,7 +165,37 @@ func replyText(e *Envelope) (text string, ok bool) {
 	if e.Template != TemplateReply {
 		return "", false
 	}
-	dec := json.NewDecoder(bytes.NewReader(e.Payload))
+	if text, ok := plainReplyText(e.Payload); ok {
+		return text, true
+	}
+	return replyTextTokens(e.Payload)
+}
+
+// plainReplyText reads the payload Go encodes for a text without escapes,
+// {"text":"…"} with nothing but valid UTF-8 other than '"', '\' and
+// control characters between the quotes: its text is those bytes, as a
+// JSON decoder reads them. Anything else is left to replyTextTokens.
+func plainReplyText(p []byte) (string, bool) {
+	const prefix, suffix = `{"text":"`, `"}`
+	if len(p) < len(prefix)+len(suffix) || string(p[:len(prefix)]) != prefix || string(p[len(p)-len(suffix):]) != suffix {
+		return "", false
+	}
+	raw := p[len(prefix) : len(p)-len(suffix)]
+	for _, c := range raw {
+		if c == '"' || c == '\\' || c < 0x20 {
+			return "", false
+		}
+	}
+	if !utf8.Valid(raw) {
+		return "", false // a decoder would replace the invalid bytes
+	}
+	return string(raw), true
+}
+
+// replyTextTokens is replyText for any layout: one token read of the
+// payload.
+func replyTextTokens(payload []byte) (text string, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(payload))
 	want := func(match func(json.Token) bool) bool {
 		t, err := dec.Token()
 		return err == nil && match(t)

@@ -261,3 +261,45 @@ func TestReplyText_OnlyTheCanonicalPayload(t *testing.T) {
 		t.Error("replyText takes a nudge's payload")
 	}
 }
+
+// The shortcut for a text without escapes reads what the token reader
+// reads, whenever it answers; Go's encoding of a plain text takes it.
+func TestPlainReplyText_AgreesWithTheTokenReader(t *testing.T) {
+	texts := []string{
+		"hi", "héllo wörld 🎉", strings.Repeat("a", 5000), `say "hi"`, `back\slash`,
+		"tab\there", "line\nbreak", "<b>&amp;</b>", "\u2028", "\x00", "\xff\xfe", " ", "",
+	}
+	var payloads []string
+	for _, s := range texts {
+		b, _ := json.Marshal(ReplyPayload{Text: s})
+		payloads = append(payloads, string(b), `{"text":"`+s+`"}`)
+	}
+	payloads = append(payloads, `{"text":"hi"} `, ` {"text":"hi"}`, `{"text":"hi"}}`, `{"text":"a","b":"c"}`,
+		`{"text":"hi","text":"x"}`, `{"text":""}`, `{"text":"`, `{"text":"}`)
+	for _, p := range payloads {
+		text, ok := plainReplyText([]byte(p))
+		want, wantOK := replyTextTokens([]byte(p))
+		if ok && (!wantOK || text != want) {
+			t.Errorf("%q: plainReplyText = %q, %v; the token reader %q, %v", p, text, ok, want, wantOK)
+		}
+	}
+	for _, s := range []string{"hi", "héllo wörld 🎉", strings.Repeat("a", 5000)} {
+		b, _ := json.Marshal(ReplyPayload{Text: s})
+		if text, ok := plainReplyText(b); !ok || text != s {
+			t.Errorf("plainReplyText(%s) = %q, %v; want the text", b, text, ok)
+		}
+	}
+}
+
+func FuzzPlainReplyText(f *testing.F) {
+	for _, s := range []string{`{"text":"hi"}`, `{"text":"a\"b"}`, `{"text":"\u00e9"}`, "{\"text\":\"\xff\"}", `{"text":"a","b":1}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, p []byte) {
+		text, ok := plainReplyText(p)
+		want, wantOK := replyTextTokens(p)
+		if ok && (!wantOK || text != want) {
+			t.Fatalf("%q: plainReplyText = %q; the token reader %q, %v", p, text, want, wantOK)
+		}
+	})
+}
