@@ -155,15 +155,13 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 		its := byLog[rel]
 		start, _, err := q.app.Append(rel, buf, func(off int64, ino uint64) {
 			for _, it := range its {
+				if it.lease != nil {
+					it.lease.stored(nil) // its worker calls the provider now
+				}
 				it.off, it.ino = off, ino
 				off += int64(len(it.line))
 			}
 			q.register(its)
-			for _, it := range its {
-				if it.lease != nil {
-					it.lease.stored(nil) // its worker calls the provider now
-				}
-			}
 		})
 		if err != nil {
 			// Withdraw what this call already appended to other logs.
