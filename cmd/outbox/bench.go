@@ -51,8 +51,10 @@ commit). Claims and commits are bbolt transactions without fsync: the no-op
 provider declares that it redelivers idempotently (as Resend does under its
 Idempotency-Key), so a claim lost to a machine crash is redelivered under the
 same key; a worker with a provider that does not (Telegram, Web Push) fsyncs
-each claim. --relaxed skips the enqueue's fsync too (not durable against a
-machine crash).
+each claim. For the same reason the idle worker of the end-to-end phases
+takes each envelope by hand-off: leased by its Enqueue, delivered once it is
+durable (see README, "Reliability"). --relaxed skips the enqueue's fsync
+too (not durable against a machine crash).
 
 Flags:
 `
