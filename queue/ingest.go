@@ -216,8 +216,11 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 		}
 	})
 	// Wake the worker now: its claim queues behind this index update and
-	// usually shares its transaction.
-	q.wake()
+	// usually shares its transaction. Not for an envelope handed off: its
+	// row is leased already, and nothing else became due.
+	if len(items) != 1 || items[0].lease == nil {
+		q.wake()
+	}
 	res := make([]EnqueueResult, len(items))
 	for i, it := range items {
 		res[i] = EnqueueResult{Tenant: it.env.TenantID, ID: it.env.ID, Duplicate: it.dup, Segments: it.segs}

@@ -139,7 +139,8 @@ func runBench(ctx context.Context, e *env, args []string) int {
 	tw.Flush()
 	for _, p := range []string{"e2e_c1", "e2e_c4"} {
 		if v, ok := m[p+"_send_p50_us"]; ok {
-			fmt.Fprintf(e.Stdout, "\n%s: the durable enqueue (validate, append, fdatasync) took p50 %.0f µs, p99 %.0f µs of it", p, v, m[p+"_send_p99_us"])
+			fmt.Fprintf(e.Stdout, "\n%s: the durable enqueue (validate, append, fdatasync) took p50 %.0f µs, p99 %.0f µs of it; %.0f envelopes handed off to the idle worker",
+				p, v, m[p+"_send_p99_us"], m[p+"_handoffs_n"])
 		}
 	}
 	fmt.Fprintf(e.Stdout, "\n\nduplicates_n = %.0f\n", m["duplicates_n"])
@@ -162,6 +163,7 @@ type benchProvider struct {
 	seen   map[envelope.Key]int
 	dups   atomic.Int64
 	count  atomic.Int64
+	handed atomic.Int64 // calls of handed-off envelopes
 	notify chan benchHit // e2e: the worker's deliveries, in order
 }
 
@@ -180,6 +182,9 @@ func (p *benchProvider) Deliver(ctx context.Context, key envelope.Key, msg *enve
 	}
 	p.mu.Unlock()
 	p.count.Add(1)
+	if channels.IsHandOff(ctx) {
+		p.handed.Add(1)
+	}
 	if p.notify != nil {
 		p.notify <- benchHit{key, time.Now()}
 	}
@@ -446,6 +451,7 @@ func benchE2E(ctx context.Context, q *queue.Queue, o benchOpts, slots int, prefi
 	m[prefix+"_per_s"] = float64(len(lats)) / el.Seconds()
 	latStats(m, prefix, lats)
 	latStats(m, prefix+"_send", enq) // the durable enqueue's share of it
+	m[prefix+"_handoffs_n"] = float64(p.handed.Load())
 	*dups += float64(p.dups.Load())
 	return nil
 }

@@ -1,7 +1,11 @@
 package worker
 
 import (
+	"context"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/channels/fake"
@@ -56,4 +60,75 @@ func TestWorker_HandOffToAnIdleWorker(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Hand-offs racing claims: two workers on one file store, producers
+// enqueuing one envelope at a time (so the workers keep going idle and
+// offering) while some envelopes arrive in batches (claimed, never handed
+// off). Every envelope is delivered exactly once, by one call, and the
+// store checks clean.
+func TestWorker_HandOffsRacingClaims(t *testing.T) {
+	s, err := queue.Open(t.TempDir(), &queue.Options{Logger: discard, DisableWatcher: true, RescanInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	p := fake.New(envelope.ChannelTelegram)
+	providers := map[envelope.Channel]channels.Provider{envelope.ChannelTelegram: p}
+	var runs []*running
+	for i := 0; i < 2; i++ {
+		runs = append(runs, startWorker(t, Config{Store: s, Providers: providers, Renderer: testRenderer{},
+			Logger: discard, Concurrency: 2, Owner: fmt.Sprintf("w%d", i)}))
+	}
+	const producers, each = 4, 60
+	var wg sync.WaitGroup
+	var keys []envelope.Key
+	var mu sync.Mutex
+	for g := 0; g < producers; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				e := queuetest.Reply(fmt.Sprintf("p%d-%d", g, i), fmt.Sprintf("u%d", i%7), "hello")
+				envs := []*envelope.Envelope{e}
+				if i%10 == 9 {
+					envs = append(envs, queuetest.Reply(fmt.Sprintf("p%d-%d-b", g, i), "ub", "batch"))
+				}
+				if _, err := s.Enqueue(context.Background(), envs...); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, e := range envs {
+					keys = append(keys, keyOf(e, 0))
+				}
+				mu.Unlock()
+				time.Sleep(time.Duration(i%3) * time.Millisecond) // let the workers go idle
+			}
+		}()
+	}
+	wg.Wait()
+	for _, k := range keys {
+		waitFor(t, k.EnvelopeID+" delivered", func() bool {
+			st, err := s.Get(context.Background(), k.Tenant, k.EnvelopeID)
+			return err == nil && st.Status == queue.StatusDelivered
+		})
+	}
+	for _, r := range runs {
+		r.idle(t)
+	}
+	handed := 0
+	for _, k := range keys {
+		cs := calls(p, fake.OpDeliver, k)
+		if len(cs) != 1 {
+			t.Fatalf("%s: %d calls, want 1", k.EnvelopeID, len(cs))
+		}
+		if cs[0].HandOff {
+			handed++
+		}
+	}
+	if rep, err := s.Check(); err != nil || !rep.OK() {
+		t.Fatalf("Check = %+v, %v", rep, err)
+	}
+	t.Logf("%d envelopes, %d handed off", len(keys), handed)
 }
