@@ -163,7 +163,7 @@ type benchProvider struct {
 	seen   map[envelope.Key]int
 	dups   atomic.Int64
 	count  atomic.Int64
-	handed atomic.Int64 // calls of handed-off envelopes
+	handed atomic.Int64  // calls of handed-off envelopes
 	notify chan benchHit // e2e: the worker's deliveries, in order
 }
 
