@@ -43,12 +43,15 @@ func fixtureEnvelopes(tb testing.TB) (golden, invalid []*Envelope) {
 // not; it reports what each said.
 func checkFast(t *testing.T, what string, e *Envelope) (fast, full bool) {
 	t.Helper()
-	_, rows, fast := fastEncoding(e)
+	data, rows, fast := fastEncoding(e)
 	fast = fast && len(encodingProblems(e)) == 0
-	_, err := fullEncoding(e, encodingProblems(e))
+	want, err := fullEncoding(e, encodingProblems(e))
 	full = err == nil
 	if fast && !full {
 		t.Errorf("%s: the fast path accepts an envelope the full check rejects: %v", what, err)
+	}
+	if fast && full && string(data) != string(want) {
+		t.Errorf("%s: the fast path encodes\n%s\nthe full check\n%s", what, data, want)
 	}
 	if fast && rows != Rows(e) {
 		t.Errorf("%s: the fast path counts %d rows, Rows %d", what, rows, Rows(e))
@@ -86,6 +89,7 @@ func TestFastValid_Mutations(t *testing.T) {
 		"https://push.example.org/a b", "HTTPS://X", "https://" + strings.Repeat("a", 2100),
 		strings.Repeat("A", 87), strings.Repeat("A", 86) + "=", strings.Repeat("A", 87) + "=", strings.Repeat("A", 22), strings.Repeat("A", 22) + "==",
 		"weekly", "daily", "monthly", "ref-1", "1", "2",
+		"a<b>&c", "<script>", "x\u2028y\u2029", "\u2027\u202a", "a\"b", `a\b`, "tab\there",
 	}
 	times := []time.Time{
 		{}, time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 11, 1, 0, 0, 0, 1, time.FixedZone("x", 5*3600+1800)),
@@ -93,7 +97,7 @@ func TestFastValid_Mutations(t *testing.T) {
 	}
 	payloads := []string{
 		`{}`, `null`, `[]`, `"x"`, `{"text":""}`, `{"text":" "}`, `{"text":"hi"}`, `{"text":null}`, `{"Text":"hi"}`, `{"text":"hi","extra":[1,{"a":null}]}`,
-		`{"text":"\ud800"}`, `{"text":1}`, `{"highlight_count":1}`, `{"highlight_count":-1,"lead":{}}`, `{"highlight_count":1.5,"lead":{}}`,
+		`{"text":"\ud800"}`, `{"text":"a<b>&c\u2028\u2029"}`, "{\"text\":\"a<b>&c\u2028\u2029\"}", `{"text":"\u003c"}`, `{"text":"a\"b"}`, `{ "text":"hi"}`, `{"text":1}`, `{"highlight_count":1}`, `{"highlight_count":-1,"lead":{}}`, `{"highlight_count":1.5,"lead":{}}`,
 		`{"sections":[]}`, `{"sections":null}`, `{"sections":[{"kind":"revisit","items":[]}]}`,
 	}
 	exp := 1.5
@@ -276,6 +280,7 @@ func TestPlainReplyText_AgreesWithTheTokenReader(t *testing.T) {
 	}
 	payloads = append(payloads, `{"text":"hi"} `, ` {"text":"hi"}`, `{"text":"hi"}}`, `{"text":"a","b":"c"}`,
 		`{"text":"hi","text":"x"}`, `{"text":""}`, `{"text":"`, `{"text":"}`)
+	payloads = append(payloads, `{"text":"\u003C"}`, `{"text":"\u003"}`, `{"text":"a\u0026"}`, `{"text":"\u2028\u2029\u2027"}`)
 	for _, p := range payloads {
 		text, ok := plainReplyText([]byte(p))
 		want, wantOK := replyTextTokens([]byte(p))
@@ -283,7 +288,7 @@ func TestPlainReplyText_AgreesWithTheTokenReader(t *testing.T) {
 			t.Errorf("%q: plainReplyText = %q, %v; the token reader %q, %v", p, text, ok, want, wantOK)
 		}
 	}
-	for _, s := range []string{"hi", "héllo wörld 🎉", strings.Repeat("a", 5000)} {
+	for _, s := range []string{"hi", "héllo wörld 🎉", strings.Repeat("a", 5000), "Q&A <b>x</b>", "a\u2028b\u2029c"} {
 		b, _ := json.Marshal(ReplyPayload{Text: s})
 		if text, ok := plainReplyText(b); !ok || text != s {
 			t.Errorf("plainReplyText(%s) = %q, %v; want the text", b, text, ok)
@@ -292,7 +297,7 @@ func TestPlainReplyText_AgreesWithTheTokenReader(t *testing.T) {
 }
 
 func FuzzPlainReplyText(f *testing.F) {
-	for _, s := range []string{`{"text":"hi"}`, `{"text":"a\"b"}`, `{"text":"\u00e9"}`, "{\"text\":\"\xff\"}", `{"text":"a","b":1}`} {
+	for _, s := range []string{`{"text":"hi"}`, `{"text":"a\"b"}`, `{"text":"\u00e9"}`, `{"text":"\u003c\u0026\u2029"}`, "{\"text\":\"\xff\"}", `{"text":"a","b":1}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, p []byte) {

@@ -199,9 +199,12 @@ func fastEncoding(e *Envelope) ([]byte, int, bool) {
 			return nil, 0, false
 		}
 	}
-	data, err := json.Marshal(e)
-	if err != nil {
-		return nil, 0, false
+	data, ok := appendEncoding(make([]byte, 0, 256+len(e.Payload)), e)
+	if !ok {
+		var err error
+		if data, err = json.Marshal(e); err != nil {
+			return nil, 0, false
+		}
 	}
 	ok, rows := fastValid(e, data)
 	if !ok {
