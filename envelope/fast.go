@@ -127,8 +127,9 @@ func fastValid(e *Envelope, data []byte) (bool, int) {
 		}
 	}
 	// What the schema cannot say: escapes that decode to invalid UTF-8 in
-	// the payload.
-	if len(utf8Problems(e.Payload)) > 0 {
+	// the payload. A plain reply text has none (plainReplyText).
+	text, isReply, plain := replyText(e)
+	if !plain && len(utf8Problems(e.Payload)) > 0 {
 		return false, notSure
 	}
 	top := map[string]json.RawMessage{"payload": e.Payload}
@@ -136,7 +137,7 @@ func fastValid(e *Envelope, data []byte) (bool, int) {
 		top["tenant_id"] = nil
 	}
 	rows := 1
-	if text, ok := replyText(e); ok {
+	if isReply {
 		// A reply payload as Go builds it, {"text": "…"} and nothing else:
 		// the schema asks for a string of 1 to 65536 code points, which
 		// the Go rules (1 to 65536 bytes, not blank) imply. One read of the
@@ -173,15 +174,18 @@ func fastValid(e *Envelope, data []byte) (bool, int) {
 }
 
 // replyText returns the text of a reply whose payload is exactly one
-// member, "text", holding a string; ok is false for anything else.
-func replyText(e *Envelope) (text string, ok bool) {
+// member, "text", holding a string; ok is false for anything else. plain
+// reports that plainReplyText read it: the payload's only escapes are the
+// HTML ones.
+func replyText(e *Envelope) (text string, ok, plain bool) {
 	if e.Template != TemplateReply {
-		return "", false
+		return "", false, false
 	}
 	if text, ok := plainReplyText(e.Payload); ok {
-		return text, true
+		return text, true, true
 	}
-	return replyTextTokens(e.Payload)
+	text, ok = replyTextTokens(e.Payload)
+	return text, ok, false
 }
 
 // plainReplyText reads the payload Go encodes for a text without quotes,

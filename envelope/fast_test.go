@@ -257,11 +257,11 @@ func TestReplyText_OnlyTheCanonicalPayload(t *testing.T) {
 		`{"text":"hi"}{}`: false, `[]`: false, `{}`: false,
 	} {
 		e := &Envelope{Template: TemplateReply, Payload: json.RawMessage(payload)}
-		if _, ok := replyText(e); ok != want {
+		if _, ok, _ := replyText(e); ok != want {
 			t.Errorf("replyText(%s) ok = %v, want %v", payload, ok, want)
 		}
 	}
-	if _, ok := replyText(&Envelope{Template: TemplateNudge, Payload: json.RawMessage(`{"text":"hi"}`)}); ok {
+	if _, ok, _ := replyText(&Envelope{Template: TemplateNudge, Payload: json.RawMessage(`{"text":"hi"}`)}); ok {
 		t.Error("replyText takes a nudge's payload")
 	}
 }
