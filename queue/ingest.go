@@ -181,6 +181,15 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 		done = append(done, written{rel, start, start + int64(len(buf))})
 	}
 
+	// A handed-off envelope is durable now and its worker was woken onto
+	// this goroutine's P (the durability signal readies it there): yield,
+	// so that it calls the provider now instead of waiting for another
+	// CPU to wake and take it (about 20 µs on a virtual machine's idle
+	// vCPU). Its Commit waits for the index update submitted below.
+	if len(items) == 1 && items[0].lease != nil {
+		runtime.Gosched()
+	}
+
 	// Index: the writer catches each log up to (at least) our records. The
 	// records appended in this process are registered so that any catch-up
 	// indexes them without reading or validating them again. Enqueue does

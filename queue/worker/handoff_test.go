@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -59,6 +60,38 @@ func TestWorker_HandOffToAnIdleWorker(t *testing.T) {
 				t.Fatalf("status = %+v, %v; want delivered in one attempt", st, err)
 			}
 		})
+	}
+}
+
+// The producer lets the worker it handed an envelope to run first: once
+// the record is durable, Enqueue yields, and the worker, woken on the
+// producer's own CPU, calls the provider before Enqueue returns instead of
+// waiting for another CPU to wake. With one P (GOMAXPROCS=1) that order is
+// exact but for the scheduler's occasional look at its global queue, and
+// without the yield it never happens.
+func TestWorker_HandOffRunsBeforeEnqueueReturns(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	s, err := queue.Open(t.TempDir(), &queue.Options{Logger: discard, DisableWatcher: true, RescanInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	p := fake.New(envelope.ChannelTelegram)
+	r := startWorker(t, Config{Store: s, Providers: map[envelope.Channel]channels.Provider{envelope.ChannelTelegram: p},
+		Renderer: testRenderer{}, Logger: discard})
+	const n = 20
+	first := 0
+	for i := range n {
+		waitFor(t, "an offer", func() bool { return r.offers.Load() > int64(i) })
+		e := queuetest.Reply(fmt.Sprintf("r%d", i), "u1", "hello")
+		mustEnqueue(t, s, e)
+		if cs := calls(p, fake.OpDeliver, keyOf(e, 0)); len(cs) == 1 && cs[0].HandOff {
+			first++
+		}
+		r.waitEvent(t, "the delivery", is("deliver", keyOf(e, 0), "sent"))
+	}
+	if first < n*3/4 {
+		t.Fatalf("the provider was called before Enqueue returned for %d of %d handed-off envelopes, want at least %d", first, n, n*3/4)
 	}
 }
 
