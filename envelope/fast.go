@@ -38,8 +38,8 @@ import (
 
 // subschemas are the schema's definitions the fast path validates against.
 type subschemas struct {
-	recipient, consent, timestamp *jsonschema.Schema
-	payload                       map[Template]*jsonschema.Schema
+	recipient *jsonschema.Schema
+	payload   map[Template]*jsonschema.Schema
 }
 
 var subs = sync.OnceValue(func() *subschemas {
@@ -53,8 +53,6 @@ var subs = sync.OnceValue(func() *subschemas {
 	}
 	return &subschemas{
 		recipient: compile("recipient"),
-		consent:   compile("consent_snapshot"),
-		timestamp: compile("timestamp"),
 		payload: map[Template]*jsonschema.Schema{
 			TemplateDigest: compile("digest_payload"),
 			TemplateNudge:  compile("nudge_payload"),
@@ -284,18 +282,6 @@ func recipientInstance(r *Recipient) map[string]any {
 	}
 	if r.ChatID != "" {
 		m["chat_id"] = r.ChatID
-	}
-	return m
-}
-
-// consentInstance is a non-zero snapshot as the validator sees its encoding.
-func consentInstance(c *ConsentSnapshot) map[string]any {
-	m := map[string]any{"digest_enabled": c.DigestEnabled}
-	if c.Cadence != "" {
-		m["cadence"] = c.Cadence
-	}
-	if c.UnsubscribeRef != "" {
-		m["unsubscribe_ref"] = c.UnsubscribeRef
 	}
 	return m
 }
