@@ -13,9 +13,9 @@ import (
 // {"text":"…"} of a reply (plainReplyText) or none. ok is false for anything
 // else, and the caller uses json.Marshal.
 //
-// json.Marshal spends about half of its time re-reading a RawMessage payload to
-// compact it; a plain reply text is already compact, so here it is only
-// scanned for the characters Marshal escapes. TestAppendEncoding and
+// json.Marshal spends about half of its time re-reading a RawMessage
+// payload to compact it; a plain reply text is already compact, so here it
+// is only scanned for the characters Marshal escapes. TestAppendEncoding and
 // FuzzAppendEncoding compare the two.
 func appendEncoding(b []byte, e *Envelope) (_ []byte, ok bool) {
 	str := func(key, s string) {
