@@ -10,14 +10,14 @@ import (
 // enqueue path: no string that needs an escape other than the HTML ones
 // (no quote, backslash or control character), no push expiration time,
 // timestamps json.Marshal accepts, and a payload that is the plain
-// {"text":"…"} of a reply (plainReplyText) or none. ok is false for anything
-// else, and the caller uses json.Marshal.
+// {"text":"…"} of a reply or none: plain and text are what replyText read
+// of e. ok is false for anything else, and the caller uses json.Marshal.
 //
 // json.Marshal spends about half of its time re-reading a RawMessage
 // payload to compact it; a plain reply text is already compact, so here it
 // is only scanned for the characters Marshal escapes. TestAppendEncoding and
 // FuzzAppendEncoding compare the two.
-func appendEncoding(b []byte, e *Envelope) (_ []byte, ok bool) {
+func appendEncoding(b []byte, e *Envelope, text string, plain bool) (_ []byte, ok bool) {
 	str := func(key, s string) {
 		if ok {
 			b = append(b, key...)
@@ -71,7 +71,7 @@ func appendEncoding(b []byte, e *Envelope) (_ []byte, ok bool) {
 	}
 
 	b = append(b, `,"payload":`...)
-	switch text, plain := plainReplyText(e.Payload); {
+	switch {
 	case e.Payload == nil:
 		b = append(b, "null"...)
 	case plain:

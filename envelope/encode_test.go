@@ -46,7 +46,8 @@ func encodingCase(id, chat, ref, text string, offset int, flags uint8) *Envelope
 // json.Marshal's.
 func checkEncoding(t *testing.T, e *Envelope) (ok bool) {
 	t.Helper()
-	got, ok := appendEncoding(nil, e)
+	text, _, plain := replyText(e)
+	got, ok := appendEncoding(nil, e, text, plain)
 	want, err := json.Marshal(e)
 	if ok && err != nil {
 		t.Fatalf("appendEncoding encodes what json.Marshal refuses (%v):\n%s", err, got)

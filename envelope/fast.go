@@ -63,8 +63,9 @@ var subs = sync.OnceValue(func() *subschemas {
 
 // fastValid reports whether e, whose encoding is data, is certainly valid,
 // and if so the delivery rows it materialises (Rows). Invalid UTF-8 in e's
-// strings has been ruled out by the caller.
-func fastValid(e *Envelope, data []byte) (bool, int) {
+// strings has been ruled out by the caller; text, isReply and plain are
+// what replyText read of e, once for the encoding and this check.
+func fastValid(e *Envelope, data []byte, text string, isReply, plain bool) (bool, int) {
 	const notSure = 0
 	if len(data) == 0 || data[0] != '{' {
 		return false, notSure
@@ -126,7 +127,6 @@ func fastValid(e *Envelope, data []byte) (bool, int) {
 	}
 	// What the schema cannot say: escapes that decode to invalid UTF-8 in
 	// the payload. A plain reply text has none (plainReplyText).
-	text, isReply, plain := replyText(e)
 	if !plain && len(utf8Problems(e.Payload)) > 0 {
 		return false, notSure
 	}

@@ -199,14 +199,15 @@ func fastEncoding(e *Envelope) ([]byte, int, bool) {
 			return nil, 0, false
 		}
 	}
-	data, ok := appendEncoding(make([]byte, 0, 256+len(e.Payload)), e)
+	text, isReply, plain := replyText(e)
+	data, ok := appendEncoding(make([]byte, 0, 256+len(e.Payload)), e, text, plain)
 	if !ok {
 		var err error
 		if data, err = json.Marshal(e); err != nil {
 			return nil, 0, false
 		}
 	}
-	ok, rows := fastValid(e, data)
+	ok, rows := fastValid(e, data, text, isReply, plain)
 	if !ok {
 		return nil, 0, false
 	}
