@@ -1,18 +1,12 @@
 package envelope
 
+import (
+	"fmt"
+	"strings"
+)
+
 // State is the state of one delivery row (one segment of an envelope).
-//
-// The legal edges are listed in Transitions; the queue enforces them.
-//
-//	pending ──claim──► sending ──sent──► sent
-//	   ▲                 │ ├──retryable──► retryable ──(due)──claim──► sending
-//	   │                 │ ├──permanent / max attempts──► dead_letter
-//	   │                 │ ├──recipient gone──► bounced | complaint | suppressed
-//	   │                 │ ├──released (call never started)──► pending | retryable
-//	   │                 │ └──lease expired──reconcile──► sent | retryable | unresolved
-//	   ├── past expires_at ──► expired        consent withdrawn ──► suppressed
-//	   └── operator requeue ◄── dead_letter | unresolved | expired | suppressed
-//	unresolved ──operator resolve──► sent | retryable
+// Edges lists the legal changes; the queue's state machine enforces them.
 type State string
 
 // Delivery states (SPEC §4).
@@ -56,19 +50,63 @@ func (s State) Terminal() bool {
 	return false
 }
 
-// Transitions lists every legal edge of the delivery state machine.
-// Operator edges (requeue, resolve) are included.
-var Transitions = map[State][]State{
-	StatePending:    {StateSending, StateExpired, StateSuppressed},
-	StateRetryable:  {StateSending, StateExpired, StateSuppressed, StateDeadLetter},
-	StateSending:    {StateSent, StateRetryable, StateDeadLetter, StateBounced, StateComplaint, StateSuppressed, StateExpired, StatePending, StateUnresolved},
-	StateUnresolved: {StateSent, StateRetryable, StatePending},
-	StateDeadLetter: {StatePending},
-	StateExpired:    {StatePending},
-	StateSuppressed: {StatePending},
-	StateSent:       {},
-	StateBounced:    {},
-	StateComplaint:  {},
+// Edge is one legal edge of the delivery state machine, with what takes it.
+type Edge struct {
+	From, To State
+	Why      string
+}
+
+// Edges lists every legal edge of the delivery state machine, operator
+// edges (requeue, resolve) included. The queue's state machine
+// (queue/machine.go) refuses any other change, and the README's diagram is
+// Diagram's output.
+var Edges = []Edge{
+	{StatePending, StateSending, "claim (attempt+1, new fence)"},
+	{StateRetryable, StateSending, "claim when backoff is due"},
+	{StateSending, StateSent, "provider accepted"},
+	{StateSending, StateRetryable, "retryable error (backoff, Retry-After as minimum), or released"},
+	{StateSending, StateDeadLetter, "permanent error / max attempts"},
+	{StateSending, StateBounced, "recipient gone (suppression written in the same transaction)"},
+	{StateSending, StateComplaint, "complaint (suppression written)"},
+	{StateSending, StateSuppressed, "unsubscribed or blocked (suppression written)"},
+	{StateSending, StateExpired, "provider says too late"},
+	{StateSending, StatePending, "released (call never started), or a seam lease expired"},
+	{StateSending, StateUnresolved, "reconciliation could not tell"},
+	{StatePending, StateExpired, "past expires_at, or an earlier segment expired"},
+	{StatePending, StateSuppressed, "consent withdrawn, or an earlier segment's recipient gone"},
+	{StatePending, StateDeadLetter, "record lost, or an earlier segment dead-lettered"},
+	{StateRetryable, StateExpired, "past expires_at"},
+	{StateRetryable, StateSuppressed, "consent withdrawn"},
+	{StateRetryable, StateDeadLetter, "record lost"},
+	{StateUnresolved, StateSent, "operator resolve --as sent"},
+	{StateUnresolved, StateRetryable, "operator resolve --as retry"},
+	{StateUnresolved, StatePending, "operator requeue"},
+	{StateDeadLetter, StatePending, "operator requeue"},
+	{StateExpired, StatePending, "operator requeue"},
+	{StateSuppressed, StatePending, "operator requeue"},
+}
+
+// Transitions maps each state to the states it may move to (from Edges).
+var Transitions = func() map[State][]State {
+	m := make(map[State][]State, len(States))
+	for _, s := range States {
+		m[s] = []State{}
+	}
+	for _, e := range Edges {
+		m[e.From] = append(m[e.From], e.To)
+	}
+	return m
+}()
+
+// Diagram returns the state machine as a Mermaid state diagram (the one in
+// the README).
+func Diagram() string {
+	var b strings.Builder
+	b.WriteString("stateDiagram-v2\n    [*] --> pending: enqueue\n")
+	for _, e := range Edges {
+		fmt.Fprintf(&b, "    %s --> %s: %s\n", e.From, e.To, e.Why)
+	}
+	return b.String()
 }
 
 // CanTransition reports whether from → to is a legal edge.
