@@ -2,7 +2,6 @@ package memstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -26,12 +25,11 @@ func (s *Store) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 	defer s.mu.Unlock()
 	now := s.now()
 
-	// Take due rows off the schedule in order; decide first, then apply,
-	// so that a failing consent source leaves every row as it was.
+	// Take due rows off the schedule in order and judge them all first, so
+	// that a failing consent source leaves every row as it was.
 	type decision struct {
-		r     *row
-		to    envelope.State
-		class envelope.ErrorClass
+		r *row
+		v queue.Verdict
 	}
 	var (
 		plan    []decision
@@ -51,46 +49,37 @@ func (s *Store) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 			skipped = append(skipped, ent)
 			continue
 		}
-		e := r.env.env
-		if !e.ExpiresAt.IsZero() && !now.Before(e.ExpiresAt) {
-			plan = append(plan, decision{r, envelope.StateExpired, envelope.ClassExpired})
-			continue
-		}
-		ok, class, err := cc.allows(ctx, e)
+		c, found, err := cc.get(ctx, r.env.env)
 		if err != nil {
 			s.pushBack(popped)
 			return nil, err
 		}
-		if !ok {
-			plan = append(plan, decision{r, envelope.StateSuppressed, class})
-			continue
+		v := queue.Judge(r.env.env, c, found, now)
+		plan = append(plan, decision{r, v})
+		if v.State == envelope.StateSending {
+			taken++
 		}
-		plan = append(plan, decision{r, envelope.StateSending, ""})
-		taken++
 	}
 	s.pushBack(skipped)
 
 	leases := make([]*queue.Lease, 0, taken)
 	for _, d := range plan {
 		r := d.r
-		if d.to != envelope.StateSending {
-			s.setState(r, d.to, now)
-			r.class = d.class
-			r.record(now, r.attempts, d.to, d.class)
-			s.settleLater(r, d.to, d.class, now)
-			continue
+		st, err := queue.Claim(rowsOf(r.env), r.index, d.v, req, s.nextFence, now)
+		if err != nil {
+			return nil, err
 		}
-		r.claimedFrom = r.state
-		s.setState(r, envelope.StateSending, now)
-		r.attempts++
-		s.fence++
-		r.fence = s.fence
-		r.owner = req.Owner
-		r.leaseEnd = now.Add(req.Lease)
-		r.expireToPending = req.ExpireToPending
-		leases = append(leases, s.lease(r))
+		s.apply(r.env, st, now)
+		if d.v.State == envelope.StateSending {
+			leases = append(leases, s.lease(r))
+		}
 	}
 	return leases, nil
+}
+
+func (s *Store) nextFence() uint64 {
+	s.fence++
+	return s.fence
 }
 
 func (s *Store) lease(r *row) *queue.Lease {
@@ -99,104 +88,47 @@ func (s *Store) lease(r *row) *queue.Lease {
 		Key:        envelope.Key{Tenant: rec.env.TenantID, EnvelopeID: rec.env.ID, Segment: r.index},
 		UserID:     rec.env.UserID,
 		Channel:    rec.env.Channel,
-		Owner:      r.owner,
-		Fence:      r.fence,
-		Attempt:    r.attempts,
-		ExpiresAt:  r.leaseEnd,
+		Owner:      r.Owner,
+		Fence:      r.Fence,
+		Attempt:    r.Attempts,
+		ExpiresAt:  r.LeaseEnd,
 		Segments:   len(rec.rows),
 		EnqueuedAt: rec.enqueuedAt,
 		Envelope:   cloneEnvelope(rec.env),
 	}
 }
 
-// holder returns the row a lease holds, or why it does not hold it.
-func (s *Store) holder(l *queue.Lease) (*row, error) {
+// envOf returns the envelope a lease names, or ErrLeaseLost.
+func (s *Store) envOf(l *queue.Lease) (*envRec, error) {
 	rec, ok := s.envs[envKey{l.Key.Tenant, l.Key.EnvelopeID}]
 	if !ok || l.Key.Segment < 0 || l.Key.Segment >= len(rec.rows) {
 		return nil, queue.ErrLeaseLost
 	}
-	r := rec.rows[l.Key.Segment]
-	switch {
-	case r.fence != l.Fence:
-		return nil, queue.ErrStaleFence
-	case r.state != envelope.StateSending:
-		return nil, queue.ErrLeaseLost
-	case r.owner != l.Owner:
-		return nil, queue.ErrStaleFence
-	}
-	return r, nil
+	return rec, nil
 }
 
-var errNilLease = errors.New("queue: nil lease")
+var errNilLease = fmt.Errorf("queue: nil lease: %w", queue.ErrLeaseLost)
 
 // Commit applies out to the leased row and its effects in one step. See
 // queue.Store.
 func (s *Store) Commit(ctx context.Context, lease *queue.Lease, out queue.Outcome) error {
-	if lease == nil {
-		return errNilLease
-	}
 	if !queue.ValidOutcome(out.State) {
-		return fmt.Errorf("commit %q: %w", out.State, queue.ErrInvalidTransition)
+		return fmt.Errorf("%w: cannot commit %q", queue.ErrInvalidTransition, out.State)
 	}
-	if err := s.lock(ctx); err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	r, err := s.holder(lease)
-	if err != nil {
-		return err
-	}
-	now := s.now()
-	attempt := r.attempts
-	to, due := s.backoff.Decide(out, r.attempts-r.budget, now)
-	if to == envelope.StateRetryable && out.NoAttempt && r.attempts > 0 {
-		r.attempts--
-	}
-	class := out.Class
-	switch to {
-	case envelope.StateSent:
-		class = ""
-		r.receipt = out.Receipt
-	case envelope.StateBounced:
-		class = cmpOr(class, envelope.ClassBounced)
-	case envelope.StateComplaint:
-		class = cmpOr(class, envelope.ClassComplaint)
-	case envelope.StateSuppressed:
-		class = cmpOr(class, envelope.ClassUnsubscribed)
-	}
-	s.setState(r, to, now)
-	r.class = class
-	r.record(now, attempt, to, class)
-	switch {
-	case to == envelope.StateSent:
-		s.advance(r, now)
-	case to == envelope.StateRetryable:
-		s.setDue(r, due)
-		if !due.After(now) {
-			s.wake()
-		}
-	case queue.Suppressing(to):
-		env := r.env.env
-		s.addSuppression(userKey{env.TenantID, env.UserID}, queue.SuppressionFor(env, class, now), now)
-		s.settleLater(r, envelope.StateSuppressed, class, now)
-	case to == envelope.StateExpired:
-		s.settleLater(r, envelope.StateExpired, class, now)
-	}
-	return nil
+	return s.withLease(ctx, lease, func(rows []queue.Delivery, now time.Time) (*queue.Step, error) {
+		return queue.Commit(s.backoff, rows, lease, out, now)
+	})
 }
 
-func cmpOr(c, def envelope.ErrorClass) envelope.ErrorClass {
-	if c == "" {
-		return def
-	}
-	return c
-}
-
-// Release gives back a lease whose provider call never started: the row
-// returns to the state it was claimed from, due now, and the attempt is
-// not counted. A lease from Recover (whose reconciliation never started)
-// goes back to an expired lease, to be recovered again. See queue.Store.
+// Release gives back a lease whose provider call never started. See
+// queue.Store.
 func (s *Store) Release(ctx context.Context, lease *queue.Lease) error {
+	return s.withLease(ctx, lease, func(rows []queue.Delivery, now time.Time) (*queue.Step, error) {
+		return queue.Release(rows, lease, now)
+	})
+}
+
+func (s *Store) withLease(ctx context.Context, lease *queue.Lease, step func([]queue.Delivery, time.Time) (*queue.Step, error)) error {
 	if lease == nil {
 		return errNilLease
 	}
@@ -204,25 +136,16 @@ func (s *Store) Release(ctx context.Context, lease *queue.Lease) error {
 		return err
 	}
 	defer s.mu.Unlock()
-	r, err := s.holder(lease)
+	rec, err := s.envOf(lease)
 	if err != nil {
 		return err
 	}
 	now := s.now()
-	if r.recovered {
-		r.owner = ""
-		r.leaseEnd = now
-		r.recovered = false
-		r.updatedAt = now
-		s.wake()
-		return nil
+	st, err := step(rowsOf(rec), now)
+	if err != nil {
+		return err
 	}
-	if r.attempts > 0 {
-		r.attempts--
-	}
-	s.setState(r, r.claimedFrom, now)
-	s.setDue(r, now)
-	s.wake()
+	s.apply(rec, st, now)
 	return nil
 }
 
@@ -242,31 +165,25 @@ func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 
 	var exp []*row
 	for r := range s.leased {
-		if !r.leaseEnd.After(now) && matches(&req, r) {
+		if queue.LeaseExpired(&r.Delivery, now) && matches(&req, r) {
 			exp = append(exp, r)
 		}
 	}
-	slices.SortFunc(exp, byTime(func(r *row) time.Time { return r.leaseEnd }))
+	slices.SortFunc(exp, byTime(func(r *row) time.Time { return r.LeaseEnd }))
 
 	var leases []*queue.Lease
 	for _, r := range exp {
-		if r.expireToPending {
-			s.setState(r, envelope.StatePending, now)
-			s.setDue(r, now)
-			r.record(now, r.attempts, envelope.StatePending, envelope.ClassInterrupted)
-			s.wake()
+		if !r.ToPending && len(leases) == req.Limit {
 			continue
 		}
-		if len(leases) == req.Limit {
-			continue
+		st, leased, err := queue.Recover(rowsOf(r.env), r.index, req, s.nextFence, now)
+		if err != nil {
+			return nil, err
 		}
-		s.fence++
-		r.fence = s.fence
-		r.owner = req.Owner
-		r.leaseEnd = now.Add(req.Lease)
-		r.recovered = true
-		r.updatedAt = now
-		leases = append(leases, s.lease(r))
+		s.apply(r.env, st, now)
+		if leased {
+			leases = append(leases, s.lease(r))
+		}
 	}
 	return leases, nil
 }
@@ -283,8 +200,8 @@ func (s *Store) NextDue(ctx context.Context) (time.Time, error) {
 		next = e.due
 	}
 	for r := range s.leased {
-		if next.IsZero() || r.leaseEnd.Before(next) {
-			next = r.leaseEnd
+		if next.IsZero() || r.LeaseEnd.Before(next) {
+			next = r.LeaseEnd
 		}
 	}
 	return next, nil

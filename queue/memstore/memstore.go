@@ -60,33 +60,14 @@ type envRec struct {
 
 func (e *envRec) key() envKey { return envKey{e.env.TenantID, e.env.ID} }
 
-// row is one delivery (segment) of an envelope.
+// row is one delivery (segment) of an envelope. Its queue.Delivery
+// changes only through the state machine (apply).
 type row struct {
-	env      *envRec
-	index    int
-	state    envelope.State
-	attempts int
-	// budget is the attempt count at the last operator requeue: retries
-	// after a requeue get a fresh backoff and attempt budget while the
-	// attempt count itself keeps growing.
-	budget  int
-	class   envelope.ErrorClass
-	receipt string
-	// due is when a pending or retryable row becomes eligible; zero while
-	// it waits for the previous segment (or after a dead letter before it).
-	due       time.Time
-	gen       uint64 // schedule generation (see sched.go)
-	removed   bool   // erased or pruned
-	updatedAt time.Time
-	history   []queue.Attempt
-
-	// Lease, while sending.
-	owner           string
-	fence           uint64
-	leaseEnd        time.Time
-	claimedFrom     envelope.State // pending or retryable
-	expireToPending bool
-	recovered       bool // the current lease came from Recover
+	queue.Delivery
+	env     *envRec
+	index   int
+	gen     uint64 // schedule generation (see sched.go)
+	removed bool   // erased or pruned
 }
 
 // New returns an empty in-memory store configured by opts (nil means
@@ -135,54 +116,33 @@ func tenantOr(t string) string {
 	return t
 }
 
-// setState moves r to st, keeping the set of leased rows. A pending or
-// retryable row is not due until setDue schedules it.
-func (s *Store) setState(r *row, st envelope.State, now time.Time) {
-	r.state = st
-	r.updatedAt = now
-	r.due = time.Time{}
-	if st == envelope.StateSending {
-		s.leased[r] = struct{}{}
-		return
+// rowsOf returns the deliveries of an envelope's rows, for the state machine.
+func rowsOf(rec *envRec) []queue.Delivery {
+	ds := make([]queue.Delivery, len(rec.rows))
+	for i, r := range rec.rows {
+		ds[i] = r.Delivery
 	}
-	delete(s.leased, r)
-	r.owner = ""
-	r.leaseEnd = time.Time{}
-	r.expireToPending = false
-	r.recovered = false
+	return ds
 }
 
-func (r *row) record(now time.Time, attempt int, st envelope.State, class envelope.ErrorClass) {
-	r.history = append(r.history, queue.Attempt{Attempt: attempt, At: now, State: st, Class: class})
-}
-
-// waiting reports whether r is a pending or retryable row that is not
-// scheduled (it waits for an earlier segment).
-func (r *row) waiting() bool {
-	return (r.state == envelope.StatePending || r.state == envelope.StateRetryable) && r.due.IsZero()
-}
-
-// settleLater moves the envelope's rows after r that are still waiting for
-// their turn to st (an envelope that expired or lost consent or whose
-// recipient is gone delivers none of its remaining segments).
-func (s *Store) settleLater(r *row, st envelope.State, class envelope.ErrorClass, now time.Time) {
-	for _, x := range r.env.rows[r.index+1:] {
-		if x.state == envelope.StatePending || x.state == envelope.StateRetryable || x.state == envelope.StateUnresolved {
-			s.setState(x, st, now)
-			x.class = class
-			x.record(now, x.attempts, st, class)
+// apply persists a state machine step on rec: the changed rows, the set of
+// leased rows, the schedule, the suppression it asks for and the wake-up.
+func (s *Store) apply(rec *envRec, st *queue.Step, now time.Time) {
+	for _, i := range st.Changed {
+		r := rec.rows[i]
+		r.Delivery = st.Rows[i]
+		if r.State == envelope.StateSending {
+			s.leased[r] = struct{}{}
+		} else {
+			delete(s.leased, r)
 		}
+		s.schedule(r)
 	}
-}
-
-// advance makes the segment after r eligible now, once r is sent.
-func (s *Store) advance(r *row, now time.Time) {
-	if r.index+1 >= len(r.env.rows) {
-		return
+	if st.Suppress != "" {
+		e := rec.env
+		s.addSuppression(userKey{e.TenantID, e.UserID}, queue.SuppressionFor(e, st.Suppress, now), now)
 	}
-	next := r.env.rows[r.index+1]
-	if next.waiting() {
-		s.setDue(next, now)
+	if st.Wake {
 		s.wake()
 	}
 }
@@ -215,13 +175,13 @@ type consentEntry struct {
 	found bool
 }
 
-func (cc *consentCache) allows(ctx context.Context, e *envelope.Envelope) (bool, envelope.ErrorClass, error) {
+func (cc *consentCache) get(ctx context.Context, e *envelope.Envelope) (queue.Consent, bool, error) {
 	k := userKey{e.TenantID, e.UserID}
 	ent, ok := cc.m[k]
 	if !ok {
 		c, found, err := cc.s.consentOf(ctx, k.tenant, k.user)
 		if err != nil {
-			return false, "", err
+			return queue.Consent{}, false, err
 		}
 		ent = consentEntry{c, found}
 		if cc.m == nil {
@@ -229,7 +189,15 @@ func (cc *consentCache) allows(ctx context.Context, e *envelope.Envelope) (bool,
 		}
 		cc.m[k] = ent
 	}
-	ok, class := ent.c.Allows(ent.found, e)
+	return ent.c, ent.found, nil
+}
+
+func (cc *consentCache) allows(ctx context.Context, e *envelope.Envelope) (bool, envelope.ErrorClass, error) {
+	c, found, err := cc.get(ctx, e)
+	if err != nil {
+		return false, "", err
+	}
+	ok, class := c.Allows(found, e)
 	return ok, class, nil
 }
 
@@ -305,16 +273,10 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 		}
 		s.seq++
 		rec := &envRec{seq: s.seq, env: p.env, enqueuedAt: now}
-		first := now
-		if p.env.NotBefore.After(now) {
-			first = p.env.NotBefore
-		}
-		for j := range p.segs {
-			r := &row{env: rec, index: j, state: envelope.StatePending, updatedAt: now}
+		for j, d := range queue.NewRows(p.env, p.segs, now) {
+			r := &row{Delivery: d, env: rec, index: j}
 			rec.rows = append(rec.rows, r)
-			if j == 0 {
-				s.setDue(r, first)
-			}
+			s.schedule(r)
 		}
 		s.envs[rec.key()] = rec
 		s.order = append(s.order, rec)

@@ -38,21 +38,21 @@ func (s *Store) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStat
 	}
 	first := true
 	for i, r := range rec.rows {
-		if r.state != envelope.StateSent && first {
-			st.Status = string(r.state)
+		if r.State != envelope.StateSent && first {
+			st.Status = string(r.State)
 			first = false
 		}
 		st.Segments[i] = queue.SegmentStatus{
 			Index:     r.index,
-			State:     r.state,
-			Attempts:  r.attempts,
-			Class:     r.class,
-			Receipt:   r.receipt,
-			Fence:     r.fence,
-			NextAt:    r.due,
-			LeaseEnd:  r.leaseEnd,
-			UpdatedAt: r.updatedAt,
-			History:   slices.Clone(r.history),
+			State:     r.State,
+			Attempts:  r.Attempts,
+			Class:     r.Class,
+			Receipt:   r.Receipt,
+			Fence:     r.Fence,
+			NextAt:    r.Due,
+			LeaseEnd:  r.LeaseEnd,
+			UpdatedAt: r.Updated,
+			History:   slices.Clone(r.History),
 		}
 	}
 	return st, nil
@@ -129,7 +129,7 @@ func (s *Store) List(ctx context.Context, f queue.ListFilter) (*queue.Page, erro
 			if rec.seq == cseq && r.index <= cseg {
 				continue
 			}
-			if f.State != "" && r.state != f.State {
+			if f.State != "" && r.State != f.State {
 				continue
 			}
 			if len(page.Rows) == limit {
@@ -142,10 +142,10 @@ func (s *Store) List(ctx context.Context, f queue.ListFilter) (*queue.Page, erro
 				Key:       envelope.Key{Tenant: e.TenantID, EnvelopeID: e.ID, Segment: r.index},
 				UserID:    e.UserID,
 				Channel:   e.Channel,
-				State:     r.state,
-				Attempts:  r.attempts,
-				Class:     r.class,
-				UpdatedAt: r.updatedAt,
+				State:     r.State,
+				Attempts:  r.Attempts,
+				Class:     r.Class,
+				UpdatedAt: r.Updated,
 			})
 		}
 	}
@@ -165,10 +165,10 @@ func (s *Store) Counts(ctx context.Context, tenant string) (queue.Counts, error)
 			continue
 		}
 		for _, r := range rec.rows {
-			m := c[r.state]
+			m := c[r.State]
 			if m == nil {
 				m = map[envelope.Channel]int{}
-				c[r.state] = m
+				c[r.State] = m
 			}
 			m[rec.env.Channel]++
 		}
@@ -176,61 +176,21 @@ func (s *Store) Counts(ctx context.Context, tenant string) (queue.Counts, error)
 	return c, nil
 }
 
-// requeueable reports whether an operator requeue applies to st.
-func requeueable(st envelope.State) bool {
-	switch st {
-	case envelope.StateDeadLetter, envelope.StateUnresolved, envelope.StateExpired, envelope.StateSuppressed:
-		return true
-	}
-	return false
-}
-
 // Requeue returns the envelope's dead_letter, unresolved, expired and
-// suppressed segments to pending. The first segment not sent is due now;
-// later ones wait for their turn. Each requeued segment gets a fresh retry
-// budget; its attempt count and history are kept. See queue.Store.
+// suppressed segments to pending (queue.Requeue). See queue.Store.
 func (s *Store) Requeue(ctx context.Context, tenant, id string) error {
-	if err := s.lock(ctx); err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	rec, ok := s.envs[envKey{tenantOr(tenant), id}]
-	if !ok {
-		return queue.ErrNotFound
-	}
-	now := s.now()
-	n := 0
-	for _, r := range rec.rows {
-		if !requeueable(r.state) {
-			continue
-		}
-		s.setState(r, envelope.StatePending, now)
-		r.budget = r.attempts
-		r.record(now, r.attempts, envelope.StatePending, envelope.ClassOperator)
-		n++
-	}
-	if n == 0 {
-		return fmt.Errorf("requeue: no segment is dead_letter, unresolved, expired or suppressed: %w", queue.ErrInvalidTransition)
-	}
-	for _, r := range rec.rows {
-		if r.state == envelope.StateSent {
-			continue
-		}
-		if r.waiting() {
-			s.setDue(r, now)
-			s.wake()
-		}
-		break
-	}
-	return nil
+	return s.operator(ctx, tenant, id, queue.Requeue)
 }
 
-// Resolve settles the envelope's unresolved segments as sent (the next
-// segment becomes due) or retryable (due now). See queue.Store.
+// Resolve settles the envelope's unresolved segments as sent or retryable
+// (queue.Resolve). See queue.Store.
 func (s *Store) Resolve(ctx context.Context, tenant, id string, as envelope.State) error {
-	if as != envelope.StateSent && as != envelope.StateRetryable {
-		return fmt.Errorf("resolve as %q: %w", as, queue.ErrInvalidTransition)
-	}
+	return s.operator(ctx, tenant, id, func(rows []queue.Delivery, now time.Time) (*queue.Step, error) {
+		return queue.Resolve(rows, as, now)
+	})
+}
+
+func (s *Store) operator(ctx context.Context, tenant, id string, step func([]queue.Delivery, time.Time) (*queue.Step, error)) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
@@ -240,25 +200,11 @@ func (s *Store) Resolve(ctx context.Context, tenant, id string, as envelope.Stat
 		return queue.ErrNotFound
 	}
 	now := s.now()
-	n := 0
-	for _, r := range rec.rows {
-		if r.state != envelope.StateUnresolved {
-			continue
-		}
-		n++
-		s.setState(r, as, now)
-		r.record(now, r.attempts, as, envelope.ClassOperator)
-		if as == envelope.StateSent {
-			r.class = ""
-			s.advance(r, now)
-		} else {
-			s.setDue(r, now)
-			s.wake()
-		}
+	st, err := step(rowsOf(rec), now)
+	if err != nil {
+		return err
 	}
-	if n == 0 {
-		return fmt.Errorf("resolve: no segment is unresolved: %w", queue.ErrInvalidTransition)
-	}
+	s.apply(rec, st, now)
 	return nil
 }
 
@@ -381,7 +327,7 @@ func (s *Store) Prune(ctx context.Context) (int, error) {
 	cutoff := s.now().Add(-s.retention)
 	return s.remove(func(rec *envRec) bool {
 		for _, r := range rec.rows {
-			if !r.state.Terminal() || r.updatedAt.After(cutoff) {
+			if !r.State.Terminal() || r.Updated.After(cutoff) {
 				return false
 			}
 		}

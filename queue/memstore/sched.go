@@ -27,7 +27,7 @@ type entry struct {
 func (e *entry) valid() bool {
 	r := e.r
 	return !r.removed && e.gen == r.gen &&
-		(r.state == envelope.StatePending || r.state == envelope.StateRetryable) && r.due.Equal(e.due)
+		(r.State == envelope.StatePending || r.State == envelope.StateRetryable) && r.Due.Equal(e.due)
 }
 
 type schedule []*entry
@@ -58,11 +58,13 @@ func (h *schedule) Pop() any {
 	return e
 }
 
-// setDue makes the pending or retryable row r eligible from t on.
-func (s *Store) setDue(r *row, t time.Time) {
-	r.due = t
+// schedule puts r on the schedule at its due time (a pending or retryable
+// row with a due time), dropping any earlier entry of r.
+func (s *Store) schedule(r *row) {
 	r.gen++
-	heap.Push(&s.sched, &entry{due: t, seq: r.env.seq, index: r.index, gen: r.gen, r: r})
+	if (r.State == envelope.StatePending || r.State == envelope.StateRetryable) && !r.Due.IsZero() {
+		heap.Push(&s.sched, &entry{due: r.Due, seq: r.env.seq, index: r.index, gen: r.gen, r: r})
+	}
 }
 
 // top returns the earliest valid entry, dropping stale ones, or nil.
