@@ -156,10 +156,11 @@ func (q *Queue) cursor(p *Page, tx *bolt.Tx) []byte {
 
 // operator applies fn to every segment of an envelope in an operator
 // transaction; fn returns whether it changed the row.
-func (q *Queue) operator(ctx context.Context, tenant, id string, fn func(r *rowRec, now time.Time) bool) error {
+func (q *Queue) operator(ctx context.Context, tenant, id string, f func(rows []Delivery, now time.Time) (*Step, error)) error {
 	if tenant == "" {
 		tenant = envelope.DefaultTenant
 	}
+	wake := false
 	err := q.write(ctx, false, func(tx *bolt.Tx) error {
 		ek := envKey(tenant, id)
 		e, err := getEnv(tx, ek)
@@ -170,67 +171,13 @@ func (q *Queue) operator(ctx context.Context, tenant, id string, fn func(r *rowR
 			return ErrNotFound
 		}
 		now := q.opts.Now()
-		type change struct {
-			seg      int
-			old, new rowRec
+		st, err := q.step(tx, ek, e, now, func(rows []Delivery) (*Step, error) { return f(rows, now) })
+		if err == nil {
+			wake = st.Wake
 		}
-		var changes []change
-		for seg := 0; seg < e.Segs; seg++ {
-			r, err := getRow(tx, rowKey(ek, seg))
-			if err != nil {
-				return err
-			}
-			if r == nil {
-				continue
-			}
-			old := *r
-			if fn(r, now) {
-				r.Updated = now.UnixNano()
-				r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: r.State, Class: envelope.ClassOperator})
-				changes = append(changes, change{seg, old, *r})
-			}
-		}
-		if len(changes) == 0 {
-			return ErrInvalidTransition
-		}
-		// Only the first segment not yet sent may be due (chat order).
-		first := -1
-		for seg := 0; seg < e.Segs; seg++ {
-			r, _ := getRow(tx, rowKey(ek, seg))
-			for _, c := range changes {
-				if c.seg == seg {
-					r = &c.new
-				}
-			}
-			if r != nil && r.State != envelope.StateSent {
-				first = seg
-				break
-			}
-		}
-		for _, c := range changes {
-			nr := c.new
-			if (nr.State == envelope.StatePending || nr.State == envelope.StateRetryable) && c.seg != first {
-				nr.Due = 0
-			}
-			old := c.old
-			if err := q.putRow(tx, ek, c.seg, e, tenant, &old, &nr); err != nil {
-				return err
-			}
-		}
-		// A segment resolved as sent may unblock the next.
-		if first >= 0 {
-			r, _ := getRow(tx, rowKey(ek, first))
-			if r != nil && r.State == envelope.StatePending && r.Due == 0 {
-				old := *r
-				r.Due = now.UnixNano()
-				if err := q.putRow(tx, ek, first, e, tenant, &old, r); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
+		return err
 	})
-	if err == nil {
+	if err == nil && wake {
 		q.wake()
 	}
 	return err
@@ -238,38 +185,13 @@ func (q *Queue) operator(ctx context.Context, tenant, id string, fn func(r *rowR
 
 // Requeue implements Store.
 func (q *Queue) Requeue(ctx context.Context, tenant, id string) error {
-	return q.operator(ctx, tenant, id, func(r *rowRec, now time.Time) bool {
-		switch r.State {
-		case envelope.StateDeadLetter, envelope.StateUnresolved, envelope.StateExpired, envelope.StateSuppressed:
-			r.State = envelope.StatePending
-			r.Class = ""
-			r.Base = r.Attempts // a fresh retry budget; history is kept
-			r.Owner, r.LeaseEnd, r.ToPending = "", 0, false
-			r.Due = now.UnixNano()
-			return true
-		}
-		return false
-	})
+	return q.operator(ctx, tenant, id, Requeue)
 }
 
 // Resolve implements Store.
 func (q *Queue) Resolve(ctx context.Context, tenant, id string, as envelope.State) error {
-	if as != envelope.StateSent && as != envelope.StateRetryable {
-		return fmt.Errorf("%w: resolve as %q (want sent or retryable)", ErrInvalidTransition, as)
-	}
-	return q.operator(ctx, tenant, id, func(r *rowRec, now time.Time) bool {
-		if r.State != envelope.StateUnresolved {
-			return false
-		}
-		r.State = as
-		r.Owner, r.LeaseEnd, r.ToPending = "", 0, false
-		if as == envelope.StateRetryable {
-			r.Due = now.UnixNano()
-		} else {
-			r.Due = 0
-			r.Class = ""
-		}
-		return true
+	return q.operator(ctx, tenant, id, func(rows []Delivery, now time.Time) (*Step, error) {
+		return Resolve(rows, as, now)
 	})
 }
 

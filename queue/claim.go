@@ -98,27 +98,13 @@ type consentAt struct {
 	found bool
 }
 
-// claimRow leases one due row, or moves it to expired/suppressed.
+// claimRow leases one due row, or ends it (expired, suppressed, or
+// dead_letter when its record is lost) as the state machine judges.
 func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, req ClaimRequest, now time.Time, users map[string]consentAt) (*Lease, *envRec, error) {
 	tenant, id := splitEnvKey(ek)
 	e, err := getEnv(tx, ek)
 	if err != nil || e == nil {
 		return nil, nil, err
-	}
-	rk := rowKey(ek, seg)
-	r, err := getRow(tx, rk)
-	if err != nil || r == nil {
-		return nil, nil, err
-	}
-	old := *r
-	nowN := now.UnixNano()
-	if e.Exp > 0 && nowN >= e.Exp {
-		r.State, r.Class, r.Due, r.Updated = envelope.StateExpired, envelope.ClassExpired, 0, nowN
-		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: r.State, Class: r.Class})
-		if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
-			return nil, nil, err
-		}
-		return nil, nil, q.settleRest(tx, ek, e, seg, envelope.StateExpired, envelope.ClassExpired, now)
 	}
 	ck := tenant + "\x00" + e.User
 	ca, ok := users[ck]
@@ -130,49 +116,34 @@ func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, r
 		ca = consentAt{c, found}
 		users[ck] = ca
 	}
-	// The consent decision needs the recipient (suppressions target one
-	// address or subscription), so read the record.
+	// The verdict needs the recipient (suppressions target one address or
+	// subscription), so read the record.
 	env, err := q.readEnvelope(e)
-	if err != nil {
+	v := RecordLost
+	if err == nil {
+		v = Judge(env, ca.c, ca.found, now)
+	} else {
 		// The log (or its record) is gone: this row can never be sent.
 		// Dead-letter it instead of failing every claim behind it.
 		q.log.Error("envelope record unreadable; row dead-lettered", "operation", "claim", "status", "error", "error_class", string(envelope.ClassRecordLost))
-		r.State, r.Class, r.Due, r.Updated = envelope.StateDeadLetter, envelope.ClassRecordLost, 0, nowN
-		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: r.State, Class: r.Class})
-		if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
-			return nil, nil, err
-		}
-		return nil, nil, q.settleRest(tx, ek, e, seg, envelope.StateDeadLetter, envelope.ClassRecordLost, now)
 	}
-	if allowed, why := ca.c.Allows(ca.found, env); !allowed {
-		r.State, r.Class, r.Due, r.Updated = envelope.StateSuppressed, why, 0, nowN
-		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: r.State, Class: r.Class})
-		if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
-			return nil, nil, err
-		}
-		return nil, nil, q.settleRest(tx, ek, e, seg, envelope.StateSuppressed, why, now)
-	}
-	r.Prev = r.State
-	r.State = envelope.StateSending
-	r.Attempts++
-	r.Owner = req.Owner
-	r.Fence = nextCounter(tx, keyFence)
-	r.LeaseEnd = now.Add(req.Lease).UnixNano()
-	r.Due = 0
-	r.ToPending = req.ExpireToPending
-	r.Updated = nowN
-	if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+	fence := func() uint64 { return nextCounter(tx, keyFence) }
+	st, err := q.step(tx, ek, e, now, func(rows []Delivery) (*Step, error) {
+		return Claim(rows, seg, v, req, fence, now)
+	})
+	if err != nil || v.State != envelope.StateSending {
 		return nil, nil, err
 	}
+	d := &st.Rows[seg]
 	return &Lease{
 		Envelope:   env,
 		Key:        envelope.Key{Tenant: tenant, EnvelopeID: id, Segment: seg},
 		UserID:     e.User,
 		Channel:    e.Channel,
-		Owner:      req.Owner,
-		Fence:      r.Fence,
-		Attempt:    r.Attempts,
-		ExpiresAt:  fromNano(r.LeaseEnd),
+		Owner:      d.Owner,
+		Fence:      d.Fence,
+		Attempt:    d.Attempts,
+		ExpiresAt:  d.LeaseEnd,
 		Segments:   e.Segs,
 		EnqueuedAt: fromNano(e.Enq),
 	}, e, nil
@@ -216,108 +187,42 @@ func containsChannel(list []envelope.Channel, c envelope.Channel) bool {
 
 func beUint32(b []byte) uint32 { return binary.BigEndian.Uint32(b[:4]) }
 
-// leased loads a lease's row for a transition, checking owner and fence.
-func leased(tx *bolt.Tx, l *Lease) (ek []byte, e *envRec, r *rowRec, err error) {
-	ek = envKey(l.Key.Tenant, l.Key.EnvelopeID)
-	e, err = getEnv(tx, ek)
+// leasedEnv loads the envelope a lease names, or ErrLeaseLost.
+func leasedEnv(tx *bolt.Tx, l *Lease) ([]byte, *envRec, error) {
+	ek := envKey(l.Key.Tenant, l.Key.EnvelopeID)
+	e, err := getEnv(tx, ek)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	if e == nil {
-		return nil, nil, nil, ErrLeaseLost
+	if e == nil || l.Key.Segment < 0 || l.Key.Segment >= e.Segs {
+		return nil, nil, ErrLeaseLost
 	}
-	r, err = getRow(tx, rowKey(ek, l.Key.Segment))
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	if r == nil {
-		return nil, nil, nil, ErrLeaseLost
-	}
-	if r.Fence != l.Fence {
-		return nil, nil, nil, ErrStaleFence
-	}
-	if r.State != envelope.StateSending {
-		return nil, nil, nil, ErrLeaseLost
-	}
-	if r.Owner != l.Owner {
-		return nil, nil, nil, ErrStaleFence
-	}
-	return ek, e, r, nil
+	return ek, e, nil
 }
 
-// Commit implements Store.
-func (q *Queue) Commit(ctx context.Context, l *Lease, out Outcome) error {
+// withLease runs a state machine step on the envelope of lease l.
+func (q *Queue) withLease(ctx context.Context, l *Lease, f func(rows []Delivery, now time.Time) (*Step, error)) error {
 	if l == nil {
 		return ErrLeaseLost
-	}
-	if !ValidOutcome(out.State) {
-		return fmt.Errorf("%w: cannot commit %q", ErrInvalidTransition, out.State)
 	}
 	if err := q.awaitIndexed(ctx, l); err != nil {
 		return err
 	}
 	wake := false
-	// A commit may skip fsync: if it is lost in a machine crash the row is
-	// back to sending, and its expired lease is reconciled with the
-	// provider, never redelivered blindly.
+	// A commit or release may skip fsync: if it is lost in a machine
+	// crash the row is back to sending, and its expired lease is
+	// reconciled with the provider, never redelivered blindly.
 	err := q.write(ctx, true, func(tx *bolt.Tx) error {
-		ek, e, r, err := leased(tx, l)
+		ek, e, err := leasedEnv(tx, l)
 		if err != nil {
 			return err
 		}
 		now := q.opts.Now()
-		tenant := l.Key.Tenant
-		old := *r
-		attempts := r.Attempts
-		if out.State == envelope.StateRetryable && out.NoAttempt && r.Attempts > 0 {
-			r.Attempts--
+		st, err := q.step(tx, ek, e, now, func(rows []Delivery) (*Step, error) { return f(rows, now) })
+		if err == nil {
+			wake = st.Wake
 		}
-		state, next := q.opts.Backoff.Decide(out, attempts-r.Base, now)
-		r.State = state
-		r.Owner, r.LeaseEnd, r.ToPending, r.Prev = "", 0, false, ""
-		r.Due = nano(next)
-		if state == envelope.StateRetryable && r.Due == 0 {
-			r.Due = now.UnixNano()
-		}
-		r.Class = out.Class
-		if state == envelope.StateSent {
-			r.Class = ""
-			r.Receipt = out.Receipt
-		}
-		r.Updated = now.UnixNano()
-		r.History = append(r.History, Attempt{Attempt: attempts, At: now, State: state, Class: r.Class})
-		if err := q.putRow(tx, ek, l.Key.Segment, e, tenant, &old, r); err != nil {
-			return err
-		}
-		switch {
-		case state == envelope.StateSent && l.Key.Segment+1 < e.Segs:
-			// The next chat segment may go now.
-			nk := rowKey(ek, l.Key.Segment+1)
-			nr, err := getRow(tx, nk)
-			if err != nil || nr == nil {
-				return err
-			}
-			if nr.State == envelope.StatePending && nr.Due == 0 {
-				o2 := *nr
-				nr.Due = now.UnixNano()
-				if err := q.putRow(tx, ek, l.Key.Segment+1, e, tenant, &o2, nr); err != nil {
-					return err
-				}
-				wake = true
-			}
-		case Suppressing(state):
-			reason := out.Class
-			if reason == "" {
-				reason = envelope.ErrorClass(state)
-			}
-			if err := q.suppressRest(tx, ek, e, l.Key.Segment, reason, now); err != nil {
-				return err
-			}
-		}
-		if state == envelope.StateRetryable && r.Due <= now.UnixNano() {
-			wake = true
-		}
-		return nil
+		return err
 	})
 	if err == nil && wake {
 		q.wake()
@@ -325,46 +230,14 @@ func (q *Queue) Commit(ctx context.Context, l *Lease, out Outcome) error {
 	return err
 }
 
-// suppressRest writes the suppression of a dead recipient and suppresses
-// the envelope's later segments, in the committing transaction.
-func (q *Queue) suppressRest(tx *bolt.Tx, ek []byte, e *envRec, seg int, reason envelope.ErrorClass, now time.Time) error {
-	tenant, _ := splitEnvKey(ek)
-	env, err := q.readEnvelope(e)
-	if err != nil {
-		return err
+// Commit implements Store.
+func (q *Queue) Commit(ctx context.Context, l *Lease, out Outcome) error {
+	if !ValidOutcome(out.State) {
+		return fmt.Errorf("%w: cannot commit %q", ErrInvalidTransition, out.State)
 	}
-	c, _, err := getConsent(tx, tenant, e.User)
-	if err != nil {
-		return err
-	}
-	c.Suppressions = addSuppression(c.Suppressions, SuppressionFor(env, reason, now))
-	c.UpdatedAt = now
-	if err := putConsent(tx, tenant, e.User, c); err != nil {
-		return err
-	}
-	return q.settleRest(tx, ek, e, seg, envelope.StateSuppressed, reason, now)
-}
-
-// settleRest moves an envelope's segments after seg that are still waiting
-// (pending, not yet due) to state: they can never go once seg did not.
-func (q *Queue) settleRest(tx *bolt.Tx, ek []byte, e *envRec, seg int, state envelope.State, class envelope.ErrorClass, now time.Time) error {
-	tenant, _ := splitEnvKey(ek)
-	for s := seg + 1; s < e.Segs; s++ {
-		r, err := getRow(tx, rowKey(ek, s))
-		if err != nil || r == nil {
-			return err
-		}
-		if r.State != envelope.StatePending {
-			continue
-		}
-		old := *r
-		r.State, r.Class, r.Due, r.Updated = state, class, 0, now.UnixNano()
-		r.History = append(r.History, Attempt{Attempt: r.Attempts, At: now, State: state, Class: class})
-		if err := q.putRow(tx, ek, s, e, tenant, &old, r); err != nil {
-			return err
-		}
-	}
-	return nil
+	return q.withLease(ctx, l, func(rows []Delivery, now time.Time) (*Step, error) {
+		return Commit(q.opts.Backoff, rows, l, out, now)
+	})
 }
 
 func addSuppression(list []Suppression, s Suppression) []Suppression {
@@ -378,45 +251,9 @@ func addSuppression(list []Suppression, s Suppression) []Suppression {
 
 // Release implements Store.
 func (q *Queue) Release(ctx context.Context, l *Lease) error {
-	if l == nil {
-		return ErrLeaseLost
-	}
-	if err := q.awaitIndexed(ctx, l); err != nil {
-		return err
-	}
-	// Lazy like Commit: a lost release leaves the row sending, to be
-	// reconciled.
-	err := q.write(ctx, true, func(tx *bolt.Tx) error {
-		ek, e, r, err := leased(tx, l)
-		if err != nil {
-			return err
-		}
-		now := q.opts.Now()
-		old := *r
-		if r.Prev == envelope.StateSending {
-			// A recovery lease: the earlier call's outcome is still
-			// unknown, so the row stays sending with an expired lease and
-			// is reconciled again, never redelivered blindly.
-			r.Owner, r.LeaseEnd = "", now.UnixNano()
-			r.Updated = now.UnixNano()
-			return q.putRow(tx, ek, l.Key.Segment, e, l.Key.Tenant, &old, r)
-		}
-		r.State = r.Prev
-		if r.State == "" {
-			r.State = envelope.StatePending
-		}
-		if r.Attempts > 0 {
-			r.Attempts--
-		}
-		r.Owner, r.LeaseEnd, r.ToPending, r.Prev = "", 0, false, ""
-		r.Due = now.UnixNano()
-		r.Updated = now.UnixNano()
-		return q.putRow(tx, ek, l.Key.Segment, e, l.Key.Tenant, &old, r)
+	return q.withLease(ctx, l, func(rows []Delivery, now time.Time) (*Step, error) {
+		return Release(rows, l, now)
 	})
-	if err == nil {
-		q.wake()
-	}
-	return err
 }
 
 // Recover implements Store.
@@ -446,9 +283,6 @@ func (q *Queue) Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error)
 			keys = append(keys, append([]byte(nil), k[8:]...))
 		}
 		for _, rk := range keys {
-			if len(out) >= limit {
-				break
-			}
 			ek, seg := splitRowKey(rk)
 			tenant, id := splitEnvKey(ek)
 			if req.Tenant != "" && tenant != req.Tenant {
@@ -458,40 +292,36 @@ func (q *Queue) Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error)
 			if err != nil {
 				return err
 			}
+			if e == nil || (len(req.Channels) > 0 && !containsChannel(req.Channels, e.Channel)) {
+				continue
+			}
 			r, err := getRow(tx, rk)
 			if err != nil {
 				return err
 			}
-			if e == nil || r == nil || r.State != envelope.StateSending {
+			if r == nil || !LeaseExpired(ptr(toDelivery(r)), now) || (!r.ToPending && len(out) >= limit) {
 				continue
 			}
-			if len(req.Channels) > 0 && !containsChannel(req.Channels, e.Channel) {
-				continue
+			fence := func() uint64 { return nextCounter(tx, keyFence) }
+			var leased bool
+			st, err := q.step(tx, ek, e, now, func(rows []Delivery) (*Step, error) {
+				st, l, err := Recover(rows, seg, req, fence, now)
+				leased = l
+				return st, err
+			})
+			if err != nil {
+				return err
 			}
-			old := *r
-			if r.ToPending {
-				r.State = envelope.StatePending
-				r.Owner, r.LeaseEnd, r.ToPending, r.Prev = "", 0, false, ""
-				r.Due, r.Updated = nowN, nowN
-				if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
-					return err
-				}
+			if !leased {
 				q.m.seamExpired.Inc()
 				wake = true
 				continue
 			}
-			r.Owner = req.Owner
-			r.Prev = envelope.StateSending // marks a recovery lease (see Release)
-			r.Fence = nextCounter(tx, keyFence)
-			r.LeaseEnd = now.Add(req.Lease).UnixNano()
-			r.Updated = nowN
-			if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
-				return err
-			}
+			d := &st.Rows[seg]
 			out = append(out, claimed{&Lease{
 				Key:    envelope.Key{Tenant: tenant, EnvelopeID: id, Segment: seg},
-				UserID: e.User, Channel: e.Channel, Owner: req.Owner, Fence: r.Fence,
-				Attempt: r.Attempts, ExpiresAt: fromNano(r.LeaseEnd), Segments: e.Segs,
+				UserID: e.User, Channel: e.Channel, Owner: d.Owner, Fence: d.Fence,
+				Attempt: d.Attempts, ExpiresAt: d.LeaseEnd, Segments: e.Segs,
 				EnqueuedAt: fromNano(e.Enq),
 			}, e})
 		}
@@ -574,7 +404,8 @@ func (q *Queue) ReturnExpiredSeam(ctx context.Context) (int, error) {
 	n := 0
 	err := q.write(ctx, false, func(tx *bolt.Tx) error {
 		n = 0
-		nowN := q.opts.Now().UnixNano()
+		now := q.opts.Now()
+		nowN := now.UnixNano()
 		var keys [][]byte
 		c := tx.Bucket(bktLeases).Cursor()
 		for k, _ := c.First(); k != nil && int64(beUint64(k[:8])) <= nowN; k, _ = c.Next() {
@@ -582,7 +413,6 @@ func (q *Queue) ReturnExpiredSeam(ctx context.Context) (int, error) {
 		}
 		for _, rk := range keys {
 			ek, seg := splitRowKey(rk)
-			tenant, _ := splitEnvKey(ek)
 			e, err := getEnv(tx, ek)
 			if err != nil {
 				return err
@@ -591,14 +421,10 @@ func (q *Queue) ReturnExpiredSeam(ctx context.Context) (int, error) {
 			if err != nil {
 				return err
 			}
-			if e == nil || r == nil || r.State != envelope.StateSending || !r.ToPending {
+			if e == nil || r == nil || !r.ToPending || !LeaseExpired(ptr(toDelivery(r)), now) {
 				continue
 			}
-			old := *r
-			r.State = envelope.StatePending
-			r.Owner, r.LeaseEnd, r.ToPending, r.Prev = "", 0, false, ""
-			r.Due, r.Updated = nowN, nowN
-			if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
+			if _, err := q.step(tx, ek, e, now, func(rows []Delivery) (*Step, error) { return ExpireLease(rows, seg, now) }); err != nil {
 				return err
 			}
 			q.m.seamExpired.Inc()
@@ -611,3 +437,5 @@ func (q *Queue) ReturnExpiredSeam(ctx context.Context) (int, error) {
 	}
 	return n, err
 }
+
+func ptr[T any](v T) *T { return &v }
