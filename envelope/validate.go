@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"net/mail"
 	"net/url"
@@ -196,7 +197,7 @@ func encodeChecked(e *Envelope) ([]byte, error) {
 	cp := *e
 	pre = append(pre, encodingRefusals(&cp)...)
 	data, err := json.Marshal(&cp)
-	if err != nil {
+	if err != nil { // unreachable after encodingRefusals; keep it safe
 		return nil, &ValidationError{Problems: sortProblems(append(pre, Problem{Rule: "cannot be encoded as JSON"}))}
 	}
 	_, problems := checkDoc(data, &cp)
@@ -208,8 +209,9 @@ func encodeChecked(e *Envelope) ([]byte, error) {
 }
 
 // encodingRefusals finds the values of cp that json.Marshal refuses to
-// encode (a payload that is not JSON, a year RFC 3339 cannot write) and
-// clears them in cp, which is a copy.
+// encode (a payload that is not JSON, a time RFC 3339 cannot write, a
+// non-finite number) and clears them in cp, which is a copy: its push
+// subscription is copied before it is changed.
 func encodingRefusals(cp *Envelope) []Problem {
 	var pre []Problem
 	if len(cp.Payload) > 0 && !json.Valid(cp.Payload) {
@@ -223,9 +225,23 @@ func encodingRefusals(cp *Envelope) []Problem {
 		if f.t.IsZero() {
 			continue
 		}
-		if y := f.t.Year(); y < 0 || y > 9999 {
+		_, off := f.t.Zone()
+		switch y := f.t.Year(); {
+		case y < 0 || y > 9999:
 			pre = append(pre, Problem{f.path, "year must be within 0000-9999"})
-			*f.t = time.Time{}
+		case off <= -24*3600 || off >= 24*3600:
+			pre = append(pre, Problem{f.path, "zone offset must be less than 24 hours"})
+		default:
+			continue
+		}
+		*f.t = time.Time{}
+	}
+	if ps := cp.Recipient.PushSubscription; ps != nil && ps.ExpirationTime != nil {
+		if x := *ps.ExpirationTime; math.IsNaN(x) || math.IsInf(x, 0) {
+			pre = append(pre, Problem{"recipient.push_subscription.expirationTime", "must be a finite number"})
+			psCopy := *ps
+			psCopy.ExpirationTime = nil
+			cp.Recipient.PushSubscription = &psCopy
 		}
 	}
 	return pre
