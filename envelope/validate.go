@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"net/mail"
 	"net/url"
@@ -126,18 +127,12 @@ func ValidEncoding(e *Envelope) ([]byte, error) {
 }
 
 // ValidEncodingRows is ValidEncoding that also returns Rows(e) when e is
-// valid, without decoding the payload once more for it.
+// valid.
 func ValidEncodingRows(e *Envelope) ([]byte, int, error) {
 	if e == nil {
 		return nil, 0, &ValidationError{Problems: []Problem{{Rule: "missing envelope"}}}
 	}
-	pre := encodingProblems(e)
-	if len(pre) == 0 {
-		if data, rows, ok := fastEncoding(e); ok {
-			return data, rows, nil
-		}
-	}
-	data, err := fullEncoding(e, pre)
+	data, err := encodeChecked(e)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -191,50 +186,18 @@ func encodingProblems(e *Envelope) []Problem {
 	return pre
 }
 
-// fastEncoding encodes e and reports whether the fast path (fast.go) finds
-// it certainly valid. json.Marshal checks the payload's syntax itself.
-func fastEncoding(e *Envelope) ([]byte, int, bool) {
-	for _, t := range []time.Time{e.NotBefore, e.ExpiresAt, e.CreatedAt} {
-		if y := t.Year(); y < 0 || y > 9999 {
-			return nil, 0, false
-		}
-	}
-	text, isReply, plain := replyText(e)
-	data, ok := appendEncoding(make([]byte, 0, 256+len(e.Payload)), e, text, plain)
-	if !ok {
-		var err error
-		if data, err = json.Marshal(e); err != nil {
-			return nil, 0, false
-		}
-	}
-	ok, rows := fastValid(e, data, text, isReply, plain)
-	if !ok {
-		return nil, 0, false
-	}
-	return data, rows, true
-}
-
-// fullEncoding runs every check on e and reports every problem, with pre
-// (encodingProblems) among them.
-func fullEncoding(e *Envelope, pre []Problem) ([]byte, error) {
-	// The copy is encoded without the offending values so that every
-	// other problem is found too.
+// encodeChecked encodes e with json.Marshal and runs every check on the
+// encoding (checkDoc), together with the checks of Go values that encoding
+// would silently repair (encodingProblems) or refuse (encodingRefusals),
+// each reported at its path.
+func encodeChecked(e *Envelope) ([]byte, error) {
+	pre := encodingProblems(e)
+	// The copy is encoded without the values encoding refuses, so that
+	// every other problem is found too.
 	cp := *e
-	if len(e.Payload) > 0 && !json.Valid(e.Payload) {
-		pre = append(pre, Problem{"payload", "must be valid JSON"})
-		cp.Payload = nil
-	}
-	for _, f := range []struct {
-		path string
-		t    *time.Time
-	}{{"not_before", &cp.NotBefore}, {"expires_at", &cp.ExpiresAt}, {"created_at", &cp.CreatedAt}} {
-		if y := f.t.Year(); !f.t.IsZero() && (y < 0 || y > 9999) {
-			pre = append(pre, Problem{f.path, "year must be within 0000-9999"})
-			*f.t = time.Time{}
-		}
-	}
+	pre = append(pre, encodingRefusals(&cp)...)
 	data, err := json.Marshal(&cp)
-	if err != nil {
+	if err != nil { // unreachable after encodingRefusals; keep it safe
 		return nil, &ValidationError{Problems: sortProblems(append(pre, Problem{Rule: "cannot be encoded as JSON"}))}
 	}
 	_, problems := checkDoc(data, &cp)
@@ -243,6 +206,45 @@ func fullEncoding(e *Envelope, pre []Problem) ([]byte, error) {
 		return nil, &ValidationError{Problems: capProblems(problems)}
 	}
 	return data, nil
+}
+
+// encodingRefusals finds the values of cp that json.Marshal refuses to
+// encode (a payload that is not JSON, a time RFC 3339 cannot write, a
+// non-finite number) and clears them in cp, which is a copy: its push
+// subscription is copied before it is changed.
+func encodingRefusals(cp *Envelope) []Problem {
+	var pre []Problem
+	if len(cp.Payload) > 0 && !json.Valid(cp.Payload) {
+		pre = append(pre, Problem{"payload", "must be valid JSON"})
+		cp.Payload = nil
+	}
+	for _, f := range []struct {
+		path string
+		t    *time.Time
+	}{{"not_before", &cp.NotBefore}, {"expires_at", &cp.ExpiresAt}, {"created_at", &cp.CreatedAt}} {
+		if f.t.IsZero() {
+			continue
+		}
+		_, off := f.t.Zone()
+		switch y := f.t.Year(); {
+		case y < 0 || y > 9999:
+			pre = append(pre, Problem{f.path, "year must be within 0000-9999"})
+		case off <= -24*3600 || off >= 24*3600:
+			pre = append(pre, Problem{f.path, "zone offset must be less than 24 hours"})
+		default:
+			continue
+		}
+		*f.t = time.Time{}
+	}
+	if ps := cp.Recipient.PushSubscription; ps != nil && ps.ExpirationTime != nil {
+		if x := *ps.ExpirationTime; math.IsNaN(x) || math.IsInf(x, 0) {
+			pre = append(pre, Problem{"recipient.push_subscription.expirationTime", "must be a finite number"})
+			psCopy := *ps
+			psCopy.ExpirationTime = nil
+			cp.Recipient.PushSubscription = &psCopy
+		}
+	}
+	return pre
 }
 
 // Rule texts shared by several checks.
@@ -753,11 +755,6 @@ func checkPayload(c *problemList, t Template, raw json.RawMessage) error {
 		}
 	}
 	return nil
-}
-
-// replyTextOK reports whether a reply's text passes checkPayload's rules.
-func replyTextOK(text string) bool {
-	return strings.TrimSpace(text) != "" && len(text) <= MaxReplyTextBytes && utf8.ValidString(text)
 }
 
 // checkItem applies the moat rule and the link and graph-ref rules to one

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"sync"
@@ -619,6 +620,151 @@ func TestValidate_GoBuiltEnvelope(t *testing.T) {
 	t.Run("Nil", func(t *testing.T) {
 		problemsOf(t, envelope.Validate(nil))
 	})
+}
+
+// TestValidEncoding_RecipientConsentTimes holds Go-built envelopes to the
+// rules on chat ids, consent snapshots, timestamps and push expiration
+// times (the schema's, or the Go rule where the schema cannot say it or
+// json.Marshal refuses the value): each problem is named with its path,
+// and a valid envelope encodes as json.Marshal does.
+func TestValidEncoding_RecipientConsentTimes(t *testing.T) {
+	const (
+		digest = "your-week-digest.v1.golden.json"
+		nudge  = "resurface-nudge.v1.golden.json"
+		reply  = "reply-text.v1.golden.json"
+	)
+	const chatIDRule = "recipient.chat_id: must be a numeric chat id or an @username"
+	const chatIDPattern = `recipient.chat_id: must match the pattern "^(-?[0-9]{1,20}|@[A-Za-z0-9_]{5,32})$"`
+	zone := func(sec int) *time.Location { return time.FixedZone("", sec) }
+	inf, nan, exp := math.Inf(1), math.NaN(), 1.5e12
+	withExpiration := func(e *envelope.Envelope, x *float64) {
+		ps := *e.Recipient.PushSubscription
+		ps.ExpirationTime = x
+		e.Recipient.PushSubscription = &ps
+	}
+	tests := []struct {
+		name    string
+		fixture string
+		mutate  func(e *envelope.Envelope)
+		want    []string // nil: valid
+	}{
+		// Chat ids: the schema's pattern, worded by the Go rule for
+		// channel telegram.
+		{"ChatIDNumeric", reply, func(e *envelope.Envelope) { e.Recipient.ChatID = "-1001234567890" }, nil},
+		{"ChatIDUsername", reply, func(e *envelope.Envelope) { e.Recipient.ChatID = "@" + strings.Repeat("z", 32) }, nil},
+		{"ChatIDWords", reply, func(e *envelope.Envelope) { e.Recipient.ChatID = "my chat" }, []string{chatIDRule}},
+		{"ChatIDTooManyDigits", reply, func(e *envelope.Envelope) { e.Recipient.ChatID = strings.Repeat("9", 21) }, []string{chatIDRule}},
+		{"ChatIDUsernameTooShort", reply, func(e *envelope.Envelope) { e.Recipient.ChatID = "@abcd" }, []string{chatIDRule}},
+		{"ChatIDUsernameTooLong", reply, func(e *envelope.Envelope) { e.Recipient.ChatID = "@" + strings.Repeat("z", 33) }, []string{chatIDRule}},
+		{"ChatIDUsernameHyphen", reply, func(e *envelope.Envelope) { e.Recipient.ChatID = "@ab-de" }, []string{chatIDRule}},
+		{"ChatIDTrailingNewline", reply, func(e *envelope.Envelope) { e.Recipient.ChatID = "10001\n" }, []string{chatIDRule}},
+		{"ChatIDFullwidthDigits", reply, func(e *envelope.Envelope) { e.Recipient.ChatID = "１２３" }, []string{chatIDRule}},
+		{"ChatIDInvalidUTF8", reply, func(e *envelope.Envelope) { e.Recipient.ChatID = "1\xff" }, []string{"recipient.chat_id: must be valid UTF-8"}},
+		{"ChatIDOnAnotherChannel", digest, func(e *envelope.Envelope) { e.Recipient.ChatID = "my chat" }, []string{chatIDPattern}},
+
+		// Consent snapshots: the schema's definition, and for channel
+		// email the Go rules on unsubscribe_ref (in bytes).
+		{"ConsentDaily", digest, func(e *envelope.Envelope) { e.ConsentSnapshot.Cadence = "daily" }, nil},
+		{"ConsentCadenceUnknown", digest, func(e *envelope.Envelope) { e.ConsentSnapshot.Cadence = "monthly" },
+			[]string{`consent_snapshot.cadence: must be one of "weekly", "daily"`}},
+		{"ConsentCadenceCase", reply, func(e *envelope.Envelope) {
+			e.ConsentSnapshot = envelope.ConsentSnapshot{DigestEnabled: true, Cadence: "Daily"}
+		}, []string{`consent_snapshot.cadence: must be one of "weekly", "daily"`}},
+		{"ConsentRefControl", digest, func(e *envelope.Envelope) { e.ConsentSnapshot.UnsubscribeRef = "ref\x1f1" },
+			[]string{"consent_snapshot.unsubscribe_ref: must not contain control characters"}},
+		{"ConsentRefC1Control", digest, func(e *envelope.Envelope) { e.ConsentSnapshot.UnsubscribeRef = "ref\u00851" },
+			[]string{"consent_snapshot.unsubscribe_ref: must not contain control characters"}},
+		{"ConsentRefAtLimit", digest, func(e *envelope.Envelope) { e.ConsentSnapshot.UnsubscribeRef = strings.Repeat("r", 1024) }, nil},
+		{"ConsentRefTooLong", digest, func(e *envelope.Envelope) { e.ConsentSnapshot.UnsubscribeRef = strings.Repeat("r", 1025) },
+			[]string{"consent_snapshot.unsubscribe_ref: must be at most 1024 bytes"}},
+		{"ConsentRefTooLongInBytes", digest, func(e *envelope.Envelope) { e.ConsentSnapshot.UnsubscribeRef = strings.Repeat("é", 513) },
+			[]string{"consent_snapshot.unsubscribe_ref: must be at most 1024 bytes"}},
+		{"ConsentRefTooLongOffEmail", reply, func(e *envelope.Envelope) {
+			e.ConsentSnapshot = envelope.ConsentSnapshot{UnsubscribeRef: strings.Repeat("é", 1025)}
+		}, []string{"consent_snapshot.unsubscribe_ref: must be at most 1024 characters"}},
+		{"ConsentRefControlOffEmail", reply, func(e *envelope.Envelope) {
+			e.ConsentSnapshot = envelope.ConsentSnapshot{UnsubscribeRef: "a\u009fb"}
+		}, []string{`consent_snapshot.unsubscribe_ref: must match the pattern "^[^\\x00-\\x1f\\x7f-\\x9f]*$"`}},
+		{"ConsentRefInvalidUTF8", digest, func(e *envelope.Envelope) { e.ConsentSnapshot.UnsubscribeRef = "ref\xc3" },
+			[]string{"consent_snapshot.unsubscribe_ref: must be valid UTF-8"}},
+		{"ConsentWithoutRefOnEmail", digest, func(e *envelope.Envelope) { e.ConsentSnapshot = envelope.ConsentSnapshot{DigestEnabled: true} },
+			[]string{"consent_snapshot.unsubscribe_ref: required for channel email (one-click unsubscribe)"}},
+		{"NoConsentOffEmail", reply, func(e *envelope.Envelope) { e.ConsentSnapshot = envelope.ConsentSnapshot{} }, nil},
+
+		// Timestamps: what RFC 3339 can write (json.Marshal refuses the
+		// rest), and the schema's date-time.
+		{"YearZero", reply, func(e *envelope.Envelope) { e.CreatedAt = time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC) }, nil},
+		{"YearNegative", digest, func(e *envelope.Envelope) { e.NotBefore = time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC) },
+			[]string{"not_before: year must be within 0000-9999"}},
+		{"YearPastInItsZone", reply, func(e *envelope.Envelope) {
+			e.CreatedAt = time.Date(9999, 12, 31, 23, 30, 0, 0, time.UTC).In(zone(3600))
+		}, []string{"created_at: year must be within 0000-9999"}},
+		{"ZoneJustUnderADay", reply, func(e *envelope.Envelope) { e.CreatedAt = e.CreatedAt.In(zone(24*3600 - 1)) }, nil},
+		{"ZoneOddSeconds", reply, func(e *envelope.Envelope) { e.CreatedAt = e.CreatedAt.In(zone(61)) }, nil},
+		{"ZoneADay", reply, func(e *envelope.Envelope) { e.CreatedAt = e.CreatedAt.In(zone(24 * 3600)) },
+			[]string{"created_at: zone offset must be less than 24 hours"}},
+		{"ZonesPastADay", digest, func(e *envelope.Envelope) {
+			e.NotBefore = e.NotBefore.In(zone(-25 * 3600))
+			e.ExpiresAt = e.ExpiresAt.In(zone(100 * 3600))
+		}, []string{
+			"expires_at: zone offset must be less than 24 hours",
+			"not_before: zone offset must be less than 24 hours",
+		}},
+		{"TimesAndOtherProblems", digest, func(e *envelope.Envelope) {
+			e.CreatedAt = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+			e.ExpiresAt = e.NotBefore
+			e.Recipient.ChatID = "x"
+		}, []string{
+			"created_at: year must be within 0000-9999",
+			"expires_at: must be after not_before",
+			chatIDPattern,
+		}},
+
+		// A push subscription's expirationTime: a number, not NaN or ±Inf.
+		{"ExpirationTimeSet", nudge, func(e *envelope.Envelope) { withExpiration(e, &exp) }, nil},
+		{"ExpirationTimeNaN", nudge, func(e *envelope.Envelope) { withExpiration(e, &nan) },
+			[]string{"recipient.push_subscription.expirationTime: must be a finite number"}},
+		{"ExpirationTimeInf", nudge, func(e *envelope.Envelope) {
+			withExpiration(e, &inf)
+			e.Recipient.PushSubscription.Keys.Auth = "short"
+		}, []string{
+			"recipient.push_subscription.expirationTime: must be a finite number",
+			"recipient.push_subscription.keys.auth: must be a base64url 16-byte secret",
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := envelope.Parse(readFixture(t, tc.fixture))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.mutate(e)
+			before := fmt.Sprintf("%#v %#v", e, e.Recipient.PushSubscription)
+			data, rows, err := envelope.ValidEncodingRows(e)
+			if after := fmt.Sprintf("%#v %#v", e, e.Recipient.PushSubscription); after != before {
+				t.Error("ValidEncodingRows modified the envelope")
+			}
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("ValidEncodingRows: %v", err)
+				}
+				if want := mustMarshal(t, e); string(data) != string(want) {
+					t.Errorf("encoding\n%s\nwant json.Marshal's\n%s", data, want)
+				}
+				if rows != envelope.Rows(e) {
+					t.Errorf("rows = %d, Rows = %d", rows, envelope.Rows(e))
+				}
+				return
+			}
+			if data != nil || rows != 0 {
+				t.Errorf("ValidEncodingRows returned %d bytes and %d rows with an error", len(data), rows)
+			}
+			got := problemStrings(problemsOf(t, err))
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("problems:\n got %q\nwant %q", got, tc.want)
+			}
+		})
+	}
 }
 
 func TestValidationError(t *testing.T) {
