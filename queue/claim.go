@@ -253,9 +253,6 @@ func (q *Queue) Commit(ctx context.Context, l *Lease, out Outcome) error {
 	if !ValidOutcome(out.State) {
 		return fmt.Errorf("%w: cannot commit %q", ErrInvalidTransition, out.State)
 	}
-	if err := q.awaitIndexed(ctx, l); err != nil {
-		return err
-	}
 	wake := false
 	// A commit may skip fsync: if it is lost in a machine crash the row is
 	// back to sending, and its expired lease is reconciled with the
@@ -380,9 +377,6 @@ func addSuppression(list []Suppression, s Suppression) []Suppression {
 func (q *Queue) Release(ctx context.Context, l *Lease) error {
 	if l == nil {
 		return ErrLeaseLost
-	}
-	if err := q.awaitIndexed(ctx, l); err != nil {
-		return err
 	}
 	// Lazy like Commit: a lost release leaves the row sending, to be
 	// reconciled.

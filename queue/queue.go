@@ -67,9 +67,6 @@ type Queue struct {
 	counts  map[countKey]int // nil until the first Counts
 	closed  bool
 
-	offerMu sync.Mutex
-	offers  []*Offer // idle workers standing ready for a hand-off (handoff.go)
-
 	closeOnce sync.Once
 	stop      chan struct{}
 	wg        sync.WaitGroup

@@ -196,8 +196,6 @@ type Lease struct {
 	Segments   int                `json:"segments"`
 	EnqueuedAt time.Time          `json:"enqueued_at"`
 	Envelope   *envelope.Envelope `json:"envelope"` // a copy of the stored envelope
-
-	ho *handoff // a lease an Enqueue handed to an Offer (handoff.go)
 }
 
 // Outcome is what a worker commits for a leased row.

@@ -44,7 +44,6 @@ type appConfig struct {
 	TelegramURL  string
 	Shutdown     time.Duration
 	SinkJournal  bool
-	NoHandOff    bool // every provider call follows a written claim
 	Logger       *slog.Logger
 	Registry     *prometheus.Registry
 }
@@ -186,7 +185,6 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	a.w, err = worker.New(worker.Config{
 		Store: q, Providers: a.providers, Renderer: a.r, Concurrency: c.Concurrency,
 		Lease: c.Lease, ShutdownTimeout: c.Shutdown, Logger: c.Logger, Registerer: reg,
-		NoHandOff: c.NoHandOff,
 	})
 	if err != nil {
 		return fail(err)
