@@ -28,13 +28,9 @@ func (q *Queue) Claim(ctx context.Context, req ClaimRequest) ([]*Lease, error) {
 		limit = 1
 	}
 	// Most claims of an idle worker find nothing: look in a read
-	// transaction first, so that they cost no write (and no fsync). Not
-	// while an Enqueue's index update is pending, though: the claim then
-	// joins that update's transaction instead of waiting for it.
-	if !q.indexPending() {
-		if due, err := q.anyDue(req); err != nil || !due {
-			return nil, err
-		}
+	// transaction first, so that they cost no write (and no fsync).
+	if due, err := q.anyDue(req); err != nil || !due {
+		return nil, err
 	}
 	var out []claimed
 	err := q.write(ctx, req.Lazy, func(tx *bolt.Tx) error {
@@ -545,11 +541,10 @@ func (q *Queue) anyDue(req ClaimRequest) (bool, error) {
 	return found, err
 }
 
-// anyLeaseExpired reports whether some lease has expired (read only). It
-// does not wait for pending index updates: they never hold a lease.
+// anyLeaseExpired reports whether some lease has expired (read only).
 func (q *Queue) anyLeaseExpired() (bool, error) {
 	found := false
-	err := q.viewNow(func(tx *bolt.Tx) error {
+	err := q.view(func(tx *bolt.Tx) error {
 		k, _ := tx.Bucket(bktLeases).Cursor().First()
 		found = k != nil && int64(beUint64(k[:8])) <= q.opts.Now().UnixNano()
 		return nil

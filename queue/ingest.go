@@ -192,10 +192,8 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 			q.log.Error("index enqueued records failed; the rescan will retry", "operation", "enqueue", "status", "error")
 			q.Rescan()
 		}
+		q.wake()
 	})
-	// Wake the worker now: its claim queues behind this index update and
-	// usually shares its transaction.
-	q.wake()
 	res := make([]EnqueueResult, len(items))
 	for i, it := range items {
 		res[i] = EnqueueResult{Tenant: it.env.TenantID, ID: it.env.ID, Duplicate: it.dup, Segments: it.segs}
@@ -259,7 +257,6 @@ func (q *Queue) reserve(ctx context.Context, items []*prepared) ([]string, error
 			break
 		}
 		q.mu.Unlock()
-		q.flushIndex()
 		time.Sleep(50 * time.Microsecond)
 	}
 	first := map[string]*prepared{}
