@@ -55,7 +55,7 @@ func TestIndex_EnqueuesReadsAndClaimsUnderLoad(t *testing.T) {
 	go func() {
 		defer close(claimer)
 		for {
-			leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 16, Lazy: true})
+			leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 16})
 			if err != nil {
 				errs <- err
 				return
@@ -83,7 +83,7 @@ func TestIndex_EnqueuesReadsAndClaimsUnderLoad(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 1000, Lazy: true})
+	leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func (q *Queue) Claim(ctx context.Context, req ClaimRequest) ([]*Lease, error) {
 		return nil, err
 	}
 	var out []claimed
-	err := q.write(ctx, req.Lazy, func(tx *bolt.Tx) error {
+	err := q.write(ctx, q.unsyncedClaim(req), func(tx *bolt.Tx) error {
 		out = out[:0]
 		now := q.opts.Now()
 		nowN := now.UnixNano()
@@ -87,6 +87,24 @@ func (q *Queue) Claim(ctx context.Context, req ClaimRequest) ([]*Lease, error) {
 		leases = append(leases, c.lease)
 	}
 	return leases, nil
+}
+
+// unsyncedClaim reports whether req's claim may skip fsync: every channel
+// it asks for is in Options.UnsyncedClaims (see there).
+func (q *Queue) unsyncedClaim(req ClaimRequest) bool {
+	if req.ExpireToPending || len(q.opts.UnsyncedClaims) == 0 {
+		return false
+	}
+	chans := req.Channels
+	if len(chans) == 0 {
+		chans = envelope.Channels
+	}
+	for _, ch := range chans {
+		if !containsChannel(q.opts.UnsyncedClaims, ch) {
+			return false
+		}
+	}
+	return true
 }
 
 type consentAt struct {
@@ -374,7 +392,7 @@ func (q *Queue) Release(ctx context.Context, l *Lease) error {
 	if l == nil {
 		return ErrLeaseLost
 	}
-	// Lazy like Commit: a lost release leaves the row sending, to be
+	// Unsynced like Commit: a lost release leaves the row sending, to be
 	// reconciled.
 	err := q.write(ctx, true, func(tx *bolt.Tx) error {
 		ek, e, r, err := leased(tx, l)

@@ -69,11 +69,14 @@ var _ Store = (*Queue)(nil)
 // transaction. fn must check before it writes: an error return must leave
 // the transaction as fn found it (other ops commit with it).
 type op struct {
-	fn    func(tx *bolt.Tx) error
-	lazy  bool // may skip fsync: the data is durable elsewhere (the logs)
-	err   error
-	done  chan struct{}
-	after func(err error) // run by the writer once the op is committed (or failed)
+	fn func(tx *bolt.Tx) error
+	// skipSync: the transaction may skip fsync (an index update repaired
+	// from the logs, a commit or release left to reconciliation, an
+	// unsynced claim redelivered under the same key).
+	skipSync bool
+	err      error
+	done     chan struct{}
+	after    func(err error) // run by the writer once the op is committed (or failed)
 }
 
 // finish completes an op.
@@ -218,7 +221,7 @@ func (q *Queue) isClosed() bool {
 // grouped into the next one, so concurrent writers share fsyncs.
 func (q *Queue) writeLoop() {
 	defer q.wg.Done()
-	// Transactions that skipped fsync (lazy) are flushed by the next
+	// Transactions that skipped fsync (skipSync) are flushed by the next
 	// synced one, or by this timer within SyncDelay, whichever comes
 	// first: that bounds how much a machine crash can take from the index
 	// (the logs themselves are always fsynced).
@@ -261,11 +264,11 @@ func (q *Queue) writeLoop() {
 				break more
 			}
 		}
-		lazy := true
+		skipSync := true
 		for _, o := range batch {
-			lazy = lazy && o.lazy
+			skipSync = skipSync && o.skipSync
 		}
-		q.db.NoSync = q.opts.NoSync || lazy
+		q.db.NoSync = q.opts.NoSync || skipSync
 		q.txDelta = map[countKey]int{}
 		err := q.db.Update(func(tx *bolt.Tx) error {
 			for _, o := range batch {
@@ -289,7 +292,7 @@ func (q *Queue) writeLoop() {
 		}
 		switch {
 		case err != nil:
-		case !lazy:
+		case !skipSync:
 			unsynced = false
 			syncTimer.Stop()
 		case !unsynced:
@@ -299,7 +302,7 @@ func (q *Queue) writeLoop() {
 	}
 }
 
-// syncDelay bounds how long a lazy (unsynced) index transaction stays
+// syncDelay bounds how long an index transaction that skipped fsync stays
 // unsynced.
 const syncDelay = 20 * time.Millisecond
 
@@ -307,14 +310,14 @@ const syncDelay = 20 * time.Millisecond
 const maxBatch = 512
 
 // write runs fn in the writer's next transaction and waits for its commit.
-func (q *Queue) write(ctx context.Context, lazy bool, fn func(tx *bolt.Tx) error) error {
+func (q *Queue) write(ctx context.Context, skipSync bool, fn func(tx *bolt.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if q.isClosed() {
 		return ErrClosed
 	}
-	o := &op{fn: fn, lazy: lazy, done: make(chan struct{})}
+	o := &op{fn: fn, skipSync: skipSync, done: make(chan struct{})}
 	select {
 	case q.ops <- o:
 	case <-q.stop:
@@ -327,7 +330,7 @@ func (q *Queue) write(ctx context.Context, lazy bool, fn func(tx *bolt.Tx) error
 // submitIndex queues an index update without waiting for it; after runs
 // once it is committed. Reads wait for it (barrier).
 func (q *Queue) submitIndex(fn func(tx *bolt.Tx) error, after func(error)) {
-	o := &op{fn: fn, lazy: true, done: make(chan struct{}), after: after}
+	o := &op{fn: fn, skipSync: true, done: make(chan struct{}), after: after}
 	q.submitMu.Lock()
 	defer q.submitMu.Unlock()
 	q.mu.Lock()

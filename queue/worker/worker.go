@@ -59,11 +59,7 @@ type Worker struct {
 	log          *slog.Logger
 	now          func() time.Time
 	rescan       time.Duration
-	// idempotent is true when every provider redelivers idempotently: then
-	// claims may skip fsync (a claim lost in a machine crash only means a
-	// harmless redelivery under the same key).
-	idempotent bool
-	idem       map[envelope.Channel]bool // per channel: its provider redelivers idempotently
+	idem         map[envelope.Channel]bool // per channel: its provider redelivers idempotently
 
 	slots     chan struct{} // one token per task in flight
 	slotFreed chan struct{} // a task finished (coalesced)
@@ -117,7 +113,6 @@ func New(cfg Config) (*Worker, error) {
 	if c.Tenant != "" {
 		w.leases = queue.Scope(c.Store, c.Tenant)
 	}
-	allIdempotent := true
 	for _, ch := range envelope.Channels {
 		p, ok := c.Providers[ch]
 		if !ok {
@@ -125,9 +120,6 @@ func New(cfg Config) (*Worker, error) {
 			continue
 		}
 		w.channels = append(w.channels, ch)
-		if !p.Capabilities().IdempotentRedelivery {
-			allIdempotent = false
-		}
 		w.idem[ch] = p.Capabilities().IdempotentRedelivery
 		name := p.Capabilities().Name
 		if name == "" {
@@ -153,7 +145,6 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: register metrics: %w", err)
 	}
-	w.idempotent = allIdempotent
 	for _, ch := range envelope.Channels {
 		v := 0.0
 		if !slices.Contains(w.channels, ch) {
@@ -370,7 +361,6 @@ func (w *Worker) request(chans []envelope.Channel, limit int) queue.ClaimRequest
 		Owner:    w.cfg.Owner,
 		Lease:    w.cfg.Lease,
 		Limit:    limit,
-		Lazy:     w.idempotent,
 	}
 }
 
