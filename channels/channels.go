@@ -103,21 +103,3 @@ type Suppressor interface {
 	// ClassUnsubscribed.
 	SuppressEmail(ctx context.Context, tenant, address string, reason envelope.ErrorClass) error
 }
-
-type handOffKey struct{}
-
-// WithHandOff marks ctx as a Deliver call's for an envelope handed straight
-// from its Enqueue to an idle worker (queue.Offer): the call starts as soon
-// as the envelope is durable, before its lease is written to the index, so
-// a crash in that instant delivers the key again (the provider redelivers
-// idempotently, or the worker would not take hand-offs). Providers need not
-// look at it; the sink journals it for the kill drill.
-func WithHandOff(ctx context.Context) context.Context {
-	return context.WithValue(ctx, handOffKey{}, true)
-}
-
-// IsHandOff reports whether ctx was marked by WithHandOff.
-func IsHandOff(ctx context.Context) bool {
-	v, _ := ctx.Value(handOffKey{}).(bool)
-	return v
-}

@@ -21,154 +21,10 @@ func countCommits(t *testing.T, q *Queue) *atomic.Int64 {
 	return &n
 }
 
-// Enqueue's index updates share a transaction while nobody reads them, and
-// the first read commits them at once (it does not wait out the delay).
-func TestIndex_UpdatesShareATransactionUntilARead(t *testing.T) {
-	q := openFault(t, t.TempDir())
-	q.indexDelay.Store(int64(time.Hour))
-	commits := countCommits(t, q)
-	ctx := context.Background()
-	for i := range 5 {
-		if _, err := q.Enqueue(ctx, faultEnvelope(string(rune('a'+i)), "u1")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := commits.Load(); n != 0 {
-		t.Fatalf("%d transactions before any read, want the 5 index updates still gathered", n)
-	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := q.Get(ctx, "", "e")
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Get after Enqueue: %v (read-your-writes)", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("a read waited for the gathering delay instead of flushing it")
-	}
-	if n := commits.Load(); n != 1 {
-		t.Fatalf("%d transactions for 5 gathered index updates, want 1", n)
-	}
-	if got := rows(t, q); got != 5 {
-		t.Fatalf("%d rows, want 5", got)
-	}
-}
-
-// A claim right after an enqueue joins the enqueue's index transaction:
-// one transaction indexes the row and leases it.
-func TestIndex_ClaimJoinsThePendingIndexTransaction(t *testing.T) {
-	q := openFault(t, t.TempDir())
-	q.indexDelay.Store(int64(time.Hour))
-	commits := countCommits(t, q)
-	ctx := context.Background()
-	select {
-	case <-q.Notify(): // a wake left by Open
-	default:
-	}
-	if _, err := q.Enqueue(ctx, faultEnvelope("r-1", "u1")); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-q.Notify():
-	default:
-		t.Fatal("Enqueue did not wake the worker when it submitted the index update")
-	}
-	leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Lazy: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(leases) != 1 {
-		t.Fatalf("claimed %d rows, want the enqueued one", len(leases))
-	}
-	if n := commits.Load(); n != 1 {
-		t.Fatalf("%d transactions for an enqueue and its claim, want 1", n)
-	}
-}
-
-// Close does not wait out the gathering delay, and what was gathered is
-// indexed (or, at worst, re-indexed from the logs on the next Open).
-func TestIndex_CloseCommitsGatheredUpdates(t *testing.T) {
-	dir := t.TempDir()
-	q := openFault(t, dir)
-	q.indexDelay.Store(int64(time.Hour))
-	ctx := context.Background()
-	for i := range 3 {
-		if _, err := q.Enqueue(ctx, faultEnvelope(string(rune('a'+i)), "u1")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	closed := make(chan error, 1)
-	go func() { closed <- q.Close() }()
-	select {
-	case err := <-closed:
-		if err != nil {
-			t.Fatalf("Close: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Close waited for the gathering delay")
-	}
-	q = openFault(t, dir)
-	if got := rows(t, q); got != 3 {
-		t.Fatalf("%d rows after reopen, want 3", got)
-	}
-}
-
-// While the writer gathers, Enqueue leaves its index update for it to take
-// instead of waking it; a claim that ends the gathering still sees the rows
-// those updates index (they go first in the transaction).
-func TestIndex_GatheredUpdatesDoNotWakeTheWriter(t *testing.T) {
-	q := openFault(t, t.TempDir())
-	q.indexDelay.Store(int64(time.Hour))
-	commits := countCommits(t, q)
-	ctx := context.Background()
-	if _, err := q.Enqueue(ctx, faultEnvelope("r-0", "u1")); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		q.idxMu.Lock()
-		g := q.gathering
-		q.idxMu.Unlock()
-		if g {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the writer does not gather the first index update")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	for i := 1; i <= 4; i++ {
-		// Other users' logs: the first update's catch-up of u1's log
-		// cannot index them on the way.
-		if _, err := q.Enqueue(ctx, faultEnvelope(fmt.Sprintf("r-%d", i), fmt.Sprintf("u%d", i+1))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	q.idxMu.Lock()
-	quiet := len(q.quiet)
-	q.idxMu.Unlock()
-	if quiet != 4 || len(q.ops) != 0 {
-		t.Fatalf("%d updates left for the gathering writer, %d sent to it; want 4 and 0", quiet, len(q.ops))
-	}
-	leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 10, Lazy: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(leases) != 5 {
-		t.Fatalf("the claim that ended the gathering leased %d rows, want all 5", len(leases))
-	}
-	if n := commits.Load(); n != 1 {
-		t.Fatalf("%d transactions, want 1 (5 index updates and the claim)", n)
-	}
-}
-
-// Many enqueues, reads of what was just enqueued, and claims at once, with
-// the writer gathering: every read sees its own write, no index update is
-// left behind, and every row is claimed exactly once.
-func TestIndex_GatheringUnderLoad(t *testing.T) {
+// Many enqueues, reads of what was just enqueued, and claims at once,
+// sharing the writer's transactions: every read sees its own write, no
+// index update is left behind, and every row is claimed exactly once.
+func TestIndex_EnqueuesReadsAndClaimsUnderLoad(t *testing.T) {
 	q := openFault(t, t.TempDir())
 	ctx := context.Background()
 	const producers, each = 6, 80
@@ -199,7 +55,7 @@ func TestIndex_GatheringUnderLoad(t *testing.T) {
 	go func() {
 		defer close(claimer)
 		for {
-			leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 16, Lazy: true})
+			leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 16})
 			if err != nil {
 				errs <- err
 				return
@@ -217,7 +73,7 @@ func TestIndex_GatheringUnderLoad(t *testing.T) {
 		}
 	}()
 	wg.Wait()
-	// Whatever is still gathered is committed by the next read.
+	// Every index update submitted so far is committed before the next read.
 	if _, err := q.Counts(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +83,7 @@ func TestIndex_GatheringUnderLoad(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 1000, Lazy: true})
+	leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,7 +104,8 @@ func (a *atomicInt) next() int { return int(a.v.Add(1)) }
 // through fsnotify) until the row is claimable. It reports p50 and p99.
 func BenchmarkQueue_TailerWake(b *testing.B) {
 	dir := b.TempDir()
-	q, err := queue.Open(dir, &queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RescanInterval: -1})
+	q, err := queue.Open(dir, &queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RescanInterval: -1,
+		UnsyncedClaims: envelope.Channels})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func BenchmarkQueue_TailerWake(b *testing.B) {
 			b.Fatal(err)
 		}
 		for {
-			ls, err := q.Claim(ctx, queue.ClaimRequest{Owner: "b", Lease: time.Minute, Lazy: true})
+			ls, err := q.Claim(ctx, queue.ClaimRequest{Owner: "b", Lease: time.Minute})
 			if err != nil {
 				b.Fatal(err)
 			}

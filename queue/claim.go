@@ -28,16 +28,12 @@ func (q *Queue) Claim(ctx context.Context, req ClaimRequest) ([]*Lease, error) {
 		limit = 1
 	}
 	// Most claims of an idle worker find nothing: look in a read
-	// transaction first, so that they cost no write (and no fsync). Not
-	// while an Enqueue's index update is pending, though: the claim then
-	// joins that update's transaction instead of waiting for it.
-	if !q.indexPending() {
-		if due, err := q.anyDue(req); err != nil || !due {
-			return nil, err
-		}
+	// transaction first, so that they cost no write (and no fsync).
+	if due, err := q.anyDue(req); err != nil || !due {
+		return nil, err
 	}
 	var out []claimed
-	err := q.write(ctx, req.Lazy, func(tx *bolt.Tx) error {
+	err := q.write(ctx, q.unsyncedClaim(req), func(tx *bolt.Tx) error {
 		out = out[:0]
 		now := q.opts.Now()
 		nowN := now.UnixNano()
@@ -91,6 +87,24 @@ func (q *Queue) Claim(ctx context.Context, req ClaimRequest) ([]*Lease, error) {
 		leases = append(leases, c.lease)
 	}
 	return leases, nil
+}
+
+// unsyncedClaim reports whether req's claim may skip fsync: every channel
+// it asks for is in Options.UnsyncedClaims (see there).
+func (q *Queue) unsyncedClaim(req ClaimRequest) bool {
+	if req.ExpireToPending || len(q.opts.UnsyncedClaims) == 0 {
+		return false
+	}
+	chans := req.Channels
+	if len(chans) == 0 {
+		chans = envelope.Channels
+	}
+	for _, ch := range chans {
+		if !containsChannel(q.opts.UnsyncedClaims, ch) {
+			return false
+		}
+	}
+	return true
 }
 
 type consentAt struct {
@@ -204,9 +218,6 @@ func leasedEnv(tx *bolt.Tx, l *Lease) ([]byte, *envRec, error) {
 func (q *Queue) withLease(ctx context.Context, l *Lease, f func(rows []Delivery, now time.Time) (*Step, error)) error {
 	if l == nil {
 		return ErrLeaseLost
-	}
-	if err := q.awaitIndexed(ctx, l); err != nil {
-		return err
 	}
 	wake := false
 	// A commit or release may skip fsync: if it is lost in a machine
@@ -381,11 +392,10 @@ func (q *Queue) anyDue(req ClaimRequest) (bool, error) {
 	return found, err
 }
 
-// anyLeaseExpired reports whether some lease has expired (read only). It
-// does not wait for pending index updates: they never hold a lease.
+// anyLeaseExpired reports whether some lease has expired (read only).
 func (q *Queue) anyLeaseExpired() (bool, error) {
 	found := false
-	err := q.viewNow(func(tx *bolt.Tx) error {
+	err := q.view(func(tx *bolt.Tx) error {
 		k, _ := tx.Bucket(bktLeases).Cursor().First()
 		found = k != nil && int64(beUint64(k[:8])) <= q.opts.Now().UnixNano()
 		return nil

@@ -176,7 +176,7 @@ func TestErase_RacingEnqueuesLeaveAConsistentStore(t *testing.T) {
 	if !rep.OK() {
 		t.Fatalf("store inconsistent after enqueues racing erases: %v", rep.Problems)
 	}
-	leases, err := q.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 1000, Lazy: true})
+	leases, err := q.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,9 +35,6 @@ type prepared struct {
 	ino  uint64    // the log's inode when appended
 	segs int       // rows of the stored envelope (ours or the one we duplicate)
 	at   time.Time // when Enqueue was called: the row's enqueue time
-	// lease, when an Enqueue handed the record's first row to an idle
-	// worker's Offer: the row is indexed leased to it.
-	lease *Lease
 }
 
 func knownKey(rel string, off int64) string { return rel + "\x00" + strconv.FormatInt(off, 10) }
@@ -120,11 +117,6 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 	if err != nil {
 		return nil, err
 	}
-	// An idle worker standing ready takes a single new envelope now: it
-	// renders while the record is synced (see handoff.go).
-	if len(items) == 1 && !items[0].dup {
-		q.handOff(items[0], now)
-	}
 
 	// Append: one write per log.
 	byLog := map[string][]*prepared{}
@@ -155,9 +147,6 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 		its := byLog[rel]
 		start, _, err := q.app.Append(rel, buf, func(off int64, ino uint64) {
 			for _, it := range its {
-				if it.lease != nil {
-					it.lease.stored(nil) // its worker calls the provider now
-				}
 				it.off, it.ino = off, ino
 				off += int64(len(it.line))
 			}
@@ -168,26 +157,11 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 			for _, w := range done {
 				q.withdraw(w.rel, w.start, w.end)
 			}
-			for _, it := range items {
-				if it.lease != nil {
-					it.lease.stored(err)
-					it.lease.settle(err)
-				}
-			}
 			q.unregister(items)
 			q.m.enqueueErrors.Inc()
 			return nil, fmt.Errorf("enqueue: append to log: %w", err)
 		}
 		done = append(done, written{rel, start, start + int64(len(buf))})
-	}
-
-	// A handed-off envelope is durable now and its worker was woken onto
-	// this goroutine's P (the durability signal readies it there): yield,
-	// so that it calls the provider now instead of waiting for another
-	// CPU to wake and take it (about 20 µs on a virtual machine's idle
-	// vCPU). Its Commit waits for the index update submitted below.
-	if len(items) == 1 && items[0].lease != nil {
-		runtime.Gosched()
 	}
 
 	// Index: the writer catches each log up to (at least) our records. The
@@ -210,11 +184,6 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 		}
 		return nil
 	}, func(err error) {
-		for _, it := range items {
-			if it.lease != nil {
-				it.lease.settle(err)
-			}
-		}
 		q.unregister(items)
 		q.unreserve(keep)
 		if err != nil && !errors.Is(err, ErrClosed) {
@@ -223,13 +192,8 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 			q.log.Error("index enqueued records failed; the rescan will retry", "operation", "enqueue", "status", "error")
 			q.Rescan()
 		}
-	})
-	// Wake the worker now: its claim queues behind this index update and
-	// usually shares its transaction. Not for an envelope handed off: its
-	// row is leased already, and nothing else became due.
-	if len(items) != 1 || items[0].lease == nil {
 		q.wake()
-	}
+	})
 	res := make([]EnqueueResult, len(items))
 	for i, it := range items {
 		res[i] = EnqueueResult{Tenant: it.env.TenantID, ID: it.env.ID, Duplicate: it.dup, Segments: it.segs}
@@ -293,7 +257,6 @@ func (q *Queue) reserve(ctx context.Context, items []*prepared) ([]string, error
 			break
 		}
 		q.mu.Unlock()
-		q.flushIndex()
 		time.Sleep(50 * time.Microsecond)
 	}
 	first := map[string]*prepared{}
@@ -481,7 +444,7 @@ func (q *Queue) catchUpKnown(tx *bolt.Tx, rel string, known func(string) *prepar
 	}
 	ino = p.ino
 	for ; p != nil; p = known(knownKey(rel, off)) {
-		if _, err := q.indexRecord(tx, rel, off, len(p.line)-1, p.env, p.segs, p.at, true, p.lease); err != nil {
+		if _, err := q.indexRecord(tx, rel, off, len(p.line)-1, p.env, p.segs, p.at, true); err != nil {
 			return false, err
 		}
 		// Cached here, in the writer's order, not by Enqueue: an Erase
@@ -570,11 +533,10 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared) e
 			env = e
 		}
 		segs, at := 0, now
-		var lease *Lease
 		if p != nil {
-			segs, at, lease = p.segs, p.at, p.lease
+			segs, at = p.segs, p.at
 		}
-		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, segs, at, p != nil, lease)
+		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, segs, at, p != nil)
 		if err != nil {
 			return err
 		}
@@ -587,9 +549,8 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared) e
 
 // indexRecord creates the env entry and rows of one record unless its
 // (tenant, id) exists. Records from other processes that current consent
-// forbids are stored as suppressed. With lease (a hand-off), the first row
-// is stored leased to it, and the lease gets its fence.
-func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *envelope.Envelope, segs int, now time.Time, checked bool, lease *Lease) (bool, error) {
+// forbids are stored as suppressed.
+func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *envelope.Envelope, segs int, now time.Time, checked bool) (bool, error) {
 	ek := envKey(env.TenantID, env.ID)
 	if tx.Bucket(bktEnv).Get(ek) != nil {
 		return false, nil
@@ -603,35 +564,26 @@ func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *enve
 		Enq: now.UnixNano(), Exp: nano(env.ExpiresAt),
 		Seq: nextCounter(tx, keySeq),
 	}
-	state, class := envelope.StatePending, envelope.ClassNone
+	rows := NewRows(env, segs, now)
 	if !checked {
 		c, found, err := q.consentFor(context.Background(), tx, env.TenantID, env.UserID)
 		if err != nil {
 			return false, err
 		}
 		if ok, why := c.Allows(found, env); !ok {
-			state, class = envelope.StateSuppressed, why
+			st, err := Refuse(rows, Verdict{envelope.StateSuppressed, why}, now)
+			if err != nil {
+				return false, err
+			}
+			rows = st.Rows
 		}
 	}
 	if err := putEnv(tx, ek, rec); err != nil {
 		return false, err
 	}
-	due := now
-	if env.NotBefore.After(due) {
-		due = env.NotBefore
-	}
-	for seg := 0; seg < segs; seg++ {
-		r := &rowRec{State: state, Class: class, Updated: now.UnixNano()}
-		switch {
-		case seg == 0 && state == envelope.StatePending && lease != nil:
-			// Leased as Claim would: one attempt, a new fence.
-			r.Prev, r.State, r.Attempts = envelope.StatePending, envelope.StateSending, 1
-			r.Owner, r.Fence, r.LeaseEnd = lease.Owner, nextCounter(tx, keyFence), lease.ExpiresAt.UnixNano()
-			lease.Fence = r.Fence
-		case seg == 0 && state == envelope.StatePending:
-			r.Due = due.UnixNano()
-		}
-		if err := q.putRow(tx, ek, seg, rec, env.TenantID, nil, r); err != nil {
+	for seg := range rows {
+		r := fromDelivery(&rows[seg])
+		if err := q.putRow(tx, ek, seg, rec, env.TenantID, nil, &r); err != nil {
 			return false, err
 		}
 	}

@@ -165,6 +165,19 @@ func NewRows(e *envelope.Envelope, segs int, now time.Time) []Delivery {
 	return rows
 }
 
+// Refuse ends every row of a newly indexed envelope that current consent
+// refuses (v: suppressed and why), as a claim would have.
+func Refuse(rows []Delivery, v Verdict, now time.Time) (*Step, error) {
+	s := newStep(rows)
+	if len(rows) == 0 {
+		return s, nil
+	}
+	if err := s.settle(0, v.State, v.Class, now); err != nil {
+		return nil, err
+	}
+	return s, s.settleRest(0, v.State, v.Class, now)
+}
+
 // Verdict is what a claim does with an eligible row.
 type Verdict struct {
 	State envelope.State // sending (lease it), expired, suppressed or dead_letter

@@ -11,7 +11,6 @@ type storeMetrics struct {
 	ingested      prometheus.Counter
 	quarantined   prometheus.Counter
 	seamExpired   prometheus.Counter
-	handoffs      prometheus.Counter
 }
 
 func newStoreMetrics(reg prometheus.Registerer) *storeMetrics {
@@ -34,12 +33,9 @@ func newStoreMetrics(reg prometheus.Registerer) *storeMetrics {
 		seamExpired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_seam_leases_expired_total", Help: "Leases of external workers that expired and returned their rows to pending.",
 		}),
-		handoffs: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_handoffs_total", Help: "Envelopes leased by Enqueue to an idle worker's offer, before they were indexed.",
-		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.enqueued, m.duplicates, m.enqueueErrors, m.ingested, m.quarantined, m.seamExpired, m.handoffs} {
+		for _, c := range []prometheus.Collector{m.enqueued, m.duplicates, m.enqueueErrors, m.ingested, m.quarantined, m.seamExpired} {
 			_ = reg.Register(c)
 		}
 	}

@@ -2,8 +2,10 @@ package queue
 
 import (
 	"log/slog"
+	"slices"
 	"time"
 
+	"github.com/outboxhq/outbox/envelope"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -47,6 +49,18 @@ type Options struct {
 	// log is fsynced and bbolt commits skip fsync. A crash of the machine
 	// (not of the process) can lose acknowledged envelopes.
 	NoSync bool
+	// UnsyncedClaims lists the channels whose providers redeliver
+	// idempotently (channels.Capabilities.IdempotentRedelivery: the same
+	// key delivered twice has the effect of once). A claim whose requested
+	// channels are all in it (an empty ClaimRequest.Channels means every
+	// channel) skips the fsync of its index transaction: such a claim lost
+	// in a machine crash (not a process crash) returns its rows to pending,
+	// and they are delivered again under the same key, which those
+	// providers absorb. Recoveries and claims with ExpireToPending (the
+	// HTTP seam's) are always fsynced. Empty (the default): every claim is
+	// fsynced. outbox serve sets it from its providers. The in-memory store
+	// ignores it.
+	UnsyncedClaims []envelope.Channel
 }
 
 func (o *Options) withDefaults() Options {
@@ -70,6 +84,7 @@ func (o *Options) withDefaults() Options {
 	if c.LockTimeout <= 0 {
 		c.LockTimeout = DefaultLockTimeout
 	}
+	c.UnsyncedClaims = slices.Clone(c.UnsyncedClaims)
 	return c
 }
 

@@ -38,17 +38,6 @@ type Queue struct {
 
 	ops    chan *op
 	notify chan struct{}
-	flushC chan struct{} // asks the writer to commit gathered index updates (flushIndex)
-	// indexDelay is how long the writer gathers Enqueue's index updates
-	// (defaultIndexDelay; tests set it before the first enqueue).
-	indexDelay atomic.Int64
-	// While the writer gathers index updates (gathering), submitIndex
-	// leaves them in quiet instead of waking it for each: the writer takes
-	// them when it stops gathering (its delay ran out, a read flushes, or a
-	// waited-for write arrives).
-	idxMu     sync.Mutex
-	gathering bool
-	quiet     []*op
 
 	// beforeCommit, set only by tests, runs inside every write transaction
 	// after its ops: an error fails the transaction (a full disk, an I/O
@@ -67,9 +56,6 @@ type Queue struct {
 	counts  map[countKey]int // nil until the first Counts
 	closed  bool
 
-	offerMu sync.Mutex
-	offers  []*Offer // idle workers standing ready for a hand-off (handoff.go)
-
 	closeOnce sync.Once
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -83,12 +69,14 @@ var _ Store = (*Queue)(nil)
 // transaction. fn must check before it writes: an error return must leave
 // the transaction as fn found it (other ops commit with it).
 type op struct {
-	fn    func(tx *bolt.Tx) error
-	lazy  bool // may skip fsync: the data is durable elsewhere (the logs)
-	index bool // an Enqueue's index update (submitIndex): nobody waits on it
-	err   error
-	done  chan struct{}
-	after func(err error) // run by the writer once the op is committed (or failed)
+	fn func(tx *bolt.Tx) error
+	// skipSync: the transaction may skip fsync (an index update repaired
+	// from the logs, a commit or release left to reconciliation, an
+	// unsynced claim redelivered under the same key).
+	skipSync bool
+	err      error
+	done     chan struct{}
+	after    func(err error) // run by the writer once the op is committed (or failed)
 }
 
 // finish completes an op.
@@ -147,14 +135,12 @@ func Open(dir string, opts *Options) (*Queue, error) {
 		db:       db,
 		ops:      make(chan *op, 1024),
 		notify:   make(chan struct{}, 1),
-		flushC:   make(chan struct{}, 1),
 		inflight: map[string]struct{}{},
 		known:    map[string]*prepared{},
 		cache:    newEnvCache(envCacheSize),
 		stop:     make(chan struct{}),
 		ready:    make(chan struct{}),
 	}
-	q.indexDelay.Store(int64(defaultIndexDelay))
 	if !o.NoSync {
 		q.app = applog.NewAppender(dir, applog.Fdatasync)
 	} else {
@@ -235,14 +221,12 @@ func (q *Queue) isClosed() bool {
 // grouped into the next one, so concurrent writers share fsyncs.
 func (q *Queue) writeLoop() {
 	defer q.wg.Done()
-	// Transactions that skipped fsync (lazy) are flushed by the next
+	// Transactions that skipped fsync (skipSync) are flushed by the next
 	// synced one, or by this timer within SyncDelay, whichever comes
 	// first: that bounds how much a machine crash can take from the index
 	// (the logs themselves are always fsynced).
 	syncTimer := time.NewTimer(time.Hour)
 	syncTimer.Stop()
-	delay := time.NewTimer(time.Hour)
-	delay.Stop()
 	unsynced := false
 	defer func() {
 		if unsynced && !q.opts.NoSync {
@@ -271,71 +255,20 @@ func (q *Queue) writeLoop() {
 			}
 		}
 		batch := []*op{first}
-		onlyIndex := first.index
 	more:
 		for len(batch) < maxBatch {
 			select {
 			case o := <-q.ops:
 				batch = append(batch, o)
-				onlyIndex = onlyIndex && o.index
 			default:
 				break more
 			}
 		}
-		if onlyIndex && len(batch) < maxBatch {
-			// Nobody waits for these: gather more for up to q.indexDelay,
-			// until an op somebody waits for arrives (it joins this
-			// transaction) or a read wants them (flushIndex).
-			delay.Reset(time.Duration(q.indexDelay.Load()))
-			q.idxMu.Lock()
-			q.gathering = true
-			q.idxMu.Unlock()
-			var waited *op // the op somebody waits for that ended the gathering
-		gather:
-			for len(batch) < maxBatch {
-				select {
-				case o := <-q.ops:
-					if !o.index {
-						waited = o
-						break gather
-					}
-					batch = append(batch, o)
-				case <-q.flushC:
-					break gather
-				case <-delay.C:
-					break gather
-				case <-q.stop:
-					break gather
-				}
-			}
-			delay.Stop()
-			q.idxMu.Lock()
-			q.gathering = false
-			batch = append(batch, q.quiet...)
-			q.quiet = nil
-			q.idxMu.Unlock()
-			if waited != nil {
-				// After the updates: a claim sees the rows they index.
-				batch = append(batch, waited)
-			}
-			// What was queued meanwhile joins too: a read's flush then
-			// always covers the update it waits for, which was queued
-			// before the flush.
-		rest:
-			for len(batch) < maxBatch {
-				select {
-				case o := <-q.ops:
-					batch = append(batch, o)
-				default:
-					break rest
-				}
-			}
-		}
-		lazy := true
+		skipSync := true
 		for _, o := range batch {
-			lazy = lazy && o.lazy
+			skipSync = skipSync && o.skipSync
 		}
-		q.db.NoSync = q.opts.NoSync || lazy
+		q.db.NoSync = q.opts.NoSync || skipSync
 		q.txDelta = map[countKey]int{}
 		err := q.db.Update(func(tx *bolt.Tx) error {
 			for _, o := range batch {
@@ -359,7 +292,7 @@ func (q *Queue) writeLoop() {
 		}
 		switch {
 		case err != nil:
-		case !lazy:
+		case !skipSync:
 			unsynced = false
 			syncTimer.Stop()
 		case !unsynced:
@@ -369,27 +302,22 @@ func (q *Queue) writeLoop() {
 	}
 }
 
-// syncDelay bounds how long a lazy (unsynced) index transaction stays
+// syncDelay bounds how long an index transaction that skipped fsync stays
 // unsynced.
 const syncDelay = 20 * time.Millisecond
 
-// defaultIndexDelay bounds how long Enqueue's index updates wait to share a
-// transaction with later ones when no read and no other write wants them.
 // maxBatch bounds the ops of one transaction.
-const (
-	defaultIndexDelay = time.Millisecond
-	maxBatch          = 512
-)
+const maxBatch = 512
 
 // write runs fn in the writer's next transaction and waits for its commit.
-func (q *Queue) write(ctx context.Context, lazy bool, fn func(tx *bolt.Tx) error) error {
+func (q *Queue) write(ctx context.Context, skipSync bool, fn func(tx *bolt.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if q.isClosed() {
 		return ErrClosed
 	}
-	o := &op{fn: fn, lazy: lazy, done: make(chan struct{})}
+	o := &op{fn: fn, skipSync: skipSync, done: make(chan struct{})}
 	select {
 	case q.ops <- o:
 	case <-q.stop:
@@ -402,19 +330,12 @@ func (q *Queue) write(ctx context.Context, lazy bool, fn func(tx *bolt.Tx) error
 // submitIndex queues an index update without waiting for it; after runs
 // once it is committed. Reads wait for it (barrier).
 func (q *Queue) submitIndex(fn func(tx *bolt.Tx) error, after func(error)) {
-	o := &op{fn: fn, lazy: true, index: true, done: make(chan struct{}), after: after}
+	o := &op{fn: fn, skipSync: true, done: make(chan struct{}), after: after}
 	q.submitMu.Lock()
 	defer q.submitMu.Unlock()
 	q.mu.Lock()
 	q.lastIdx = o
 	q.mu.Unlock()
-	q.idxMu.Lock()
-	if q.gathering {
-		q.quiet = append(q.quiet, o)
-		q.idxMu.Unlock()
-		return
-	}
-	q.idxMu.Unlock()
 	select {
 	case q.ops <- o:
 	case <-q.stop:
@@ -429,37 +350,7 @@ func (q *Queue) barrier() {
 	o := q.lastIdx
 	q.mu.Unlock()
 	if o != nil {
-		select {
-		case <-o.done:
-		default:
-			q.flushIndex()
-			<-o.done
-		}
-	}
-}
-
-// flushIndex asks the writer to commit the index updates it is gathering.
-func (q *Queue) flushIndex() {
-	select {
-	case q.flushC <- struct{}{}:
-	default:
-	}
-}
-
-// indexPending reports whether an index update is submitted but not
-// committed yet.
-func (q *Queue) indexPending() bool {
-	q.mu.Lock()
-	o := q.lastIdx
-	q.mu.Unlock()
-	if o == nil {
-		return false
-	}
-	select {
-	case <-o.done:
-		return false
-	default:
-		return true
+		<-o.done
 	}
 }
 

@@ -177,11 +177,6 @@ type ClaimRequest struct {
 	// go back to pending instead of to reconciliation (the HTTP seam's
 	// external workers dedupe on the envelope id themselves).
 	ExpireToPending bool
-	// Lazy lets a durable store skip the fsync of the claim: a claim lost
-	// in a machine crash (not a process crash) returns its rows to
-	// pending, so they are delivered again under the same key. Set it only
-	// when every provider of the claimed channels redelivers idempotently.
-	Lazy bool
 }
 
 // Lease is a claimed row. Only its (Owner, Fence) may commit the row.
@@ -196,8 +191,6 @@ type Lease struct {
 	Segments   int                `json:"segments"`
 	EnqueuedAt time.Time          `json:"enqueued_at"`
 	Envelope   *envelope.Envelope `json:"envelope"` // a copy of the stored envelope
-
-	ho *handoff // a lease an Enqueue handed to an Offer (handoff.go)
 }
 
 // Outcome is what a worker commits for a leased row.

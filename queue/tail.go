@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -34,9 +33,6 @@ type tailer struct {
 	// took and wait are the last full pass's duration and the wait it set
 	// before the next periodic one (mu; tests read them).
 	took, wait time.Duration
-
-	pause atomic.Int64 // ownPause (tests change it)
-	owned atomic.Int64 // events read that were our own appends (tests)
 }
 
 // rescanBudget is the share of the time periodic rescans may take: after
@@ -52,9 +48,7 @@ func rescanWait(interval, took time.Duration) time.Duration {
 }
 
 func newTailer(q *Queue) *tailer {
-	t := &tailer{q: q, stop: make(chan struct{}), kick: make(chan struct{}, 1), dirty: map[string]bool{}, scanned: make(chan struct{}, 1), settled: make(chan struct{}, 1)}
-	t.pause.Store(int64(ownPause))
-	return t
+	return &tailer{q: q, stop: make(chan struct{}), kick: make(chan struct{}, 1), dirty: map[string]bool{}, scanned: make(chan struct{}, 1), settled: make(chan struct{}, 1)}
 }
 
 func (t *tailer) start() error {
@@ -106,45 +100,16 @@ func (t *tailer) mark(rel string, all bool) {
 	}
 }
 
-// ownPause is how long the watcher stops reading events after the second
-// write event in a row that this process's own appends to one log caused.
-// Meanwhile inotify folds the events of further appends to that log into
-// the one queued (it merges an event identical to the last queued one, and
-// wakes no reader for it), so a busy log costs about one event per pause
-// instead of one per append: each event read is a wake-up across CPUs,
-// ~30 µs of a single producer's ~170 µs of CPU per enqueue. Events that
-// alternate between logs do not merge and are read without a pause.
-// Another process's append waits at most this long to be seen.
-const ownPause = time.Millisecond
-
 // watch turns fsnotify events into "look again" marks.
 func (t *tailer) watch() {
 	defer t.done.Done()
-	pause := time.NewTimer(time.Hour)
-	pause.Stop()
-	last := "" // the log of the last event, when it was our own append
 	for {
 		select {
 		case ev, ok := <-t.w.Events:
 			if !ok {
 				return
 			}
-			rel, own := t.event(ev)
-			switch {
-			case !own || !ev.Has(fsnotify.Write):
-				last = ""
-				continue
-			case rel != last:
-				last = rel
-				continue
-			}
-			last = ""
-			pause.Reset(time.Duration(t.pause.Load()))
-			select {
-			case <-pause.C:
-			case <-t.stop:
-				return
-			}
+			t.event(ev)
 		case err, ok := <-t.w.Errors:
 			if !ok {
 				return
@@ -159,14 +124,12 @@ func (t *tailer) watch() {
 	}
 }
 
-// event marks what one fsnotify event asks to look at again. It returns
-// the event's log and whether the event was this process's own append (the
-// log is settled).
-func (t *tailer) event(ev fsnotify.Event) (rel string, own bool) {
+// event marks what one fsnotify event asks to look at again.
+func (t *tailer) event(ev fsnotify.Event) {
 	root := filepath.Join(t.q.dir, applog.Dir)
 	rel, err := filepath.Rel(t.q.dir, ev.Name)
 	if err != nil {
-		return "", false
+		return
 	}
 	if filepath.Dir(ev.Name) == root {
 		// A new tenant directory: watch it and look at all of it (files
@@ -177,23 +140,21 @@ func (t *tailer) event(ev fsnotify.Event) (rel string, own bool) {
 				t.mark("", true)
 			}
 		}
-		return "", false
+		return
 	}
 	if !strings.HasSuffix(rel, applog.Ext) || !(ev.Has(fsnotify.Write) || ev.Has(fsnotify.Create)) {
-		return "", false
+		return
 	}
 	// Most events are this process's own appends, indexed by their
 	// Enqueue: only logs changed since are read.
 	if !t.q.app.Settled(rel) {
 		t.mark(rel, false)
-		return rel, false
+		return
 	}
-	t.owned.Add(1)
 	select {
 	case t.settled <- struct{}{}:
 	default:
 	}
-	return rel, true
 }
 
 // loop catches up marked logs, and every log on each rescan tick.

@@ -105,9 +105,6 @@ type Call struct {
 	// Outcome is the answer a Reconcile gave (Unknown for Deliver, and for
 	// a Reconcile that returned an error).
 	Outcome channels.Outcome
-	// HandOff is true for a Deliver of a handed-off envelope
-	// (channels.IsHandOff).
-	HandOff bool
 }
 
 // ReconcileFunc answers Reconcile for keys that have no reconcile script.
@@ -248,7 +245,7 @@ func (p *Provider) Deliver(ctx context.Context, key envelope.Key, msg *envelope.
 			p.scripts[key] = s[1:]
 		}
 	}
-	p.calls = append(p.calls, Call{Op: OpDeliver, Key: key, Message: msg, Step: step, HandOff: channels.IsHandOff(ctx)})
+	p.calls = append(p.calls, Call{Op: OpDeliver, Key: key, Message: msg, Step: step})
 	retryAfter := p.retryAfter
 	var receipt string
 	if step == Succeed || step == LoseReceipt {

@@ -57,11 +57,9 @@ type Options struct {
 	// Now returns the time written as the Date of the .eml files (default
 	// time.Now).
 	Now func() time.Time
-	// Journal, when set, appends one line per Deliver call (the key's hash,
-	// and " handoff" for a call of a handed-off envelope, see
-	// channels.WithHandOff) to <data>/sink/<channel>.journal after the
-	// message is written. The kill drill counts it to prove that no key was
-	// delivered twice but where a hand-off allows it.
+	// Journal, when set, appends one line per Deliver call (the key's hash)
+	// to <data>/sink/<channel>.journal after the message is written. The
+	// kill drill counts it to prove that no key was delivered twice.
 	Journal bool
 }
 
@@ -144,7 +142,7 @@ func (p *Provider) Deliver(ctx context.Context, key envelope.Key, msg *envelope.
 		return channels.Receipt{}, envelope.Retryable(envelope.ClassProviderUnavailable, err)
 	}
 	if p.journal {
-		if err := p.appendJournal(key, channels.IsHandOff(ctx)); err != nil {
+		if err := p.appendJournal(key); err != nil {
 			return channels.Receipt{}, envelope.Retryable(envelope.ClassProviderUnavailable, err)
 		}
 	}
@@ -329,7 +327,7 @@ func syncDir(dir string) error {
 // JournalPath is the file Options.Journal appends to.
 func (p *Provider) JournalPath() string { return p.dir + ".journal" }
 
-func (p *Provider) appendJournal(key envelope.Key, handOff bool) error {
+func (p *Provider) appendJournal(key envelope.Key) error {
 	p.jmu.Lock()
 	defer p.jmu.Unlock()
 	f, err := os.OpenFile(p.JournalPath(), os.O_WRONLY|os.O_APPEND|os.O_CREATE, filePerm)
@@ -337,11 +335,7 @@ func (p *Provider) appendJournal(key envelope.Key, handOff bool) error {
 		return err
 	}
 	defer f.Close()
-	line := key.Hash()
-	if handOff {
-		line += " handoff"
-	}
-	if _, err := f.WriteString(line + "\n"); err != nil {
+	if _, err := f.WriteString(key.Hash() + "\n"); err != nil {
 		return err
 	}
 	return f.Sync()

@@ -44,7 +44,6 @@ type appConfig struct {
 	TelegramURL  string
 	Shutdown     time.Duration
 	SinkJournal  bool
-	NoHandOff    bool // every provider call follows a written claim
 	Logger       *slog.Logger
 	Registry     *prometheus.Registry
 }
@@ -63,23 +62,21 @@ type app struct {
 	described []string // "channel: provider" lines for the start-up log
 }
 
-// buildApp opens the store and builds the renderer, the providers whose
-// configuration is present (secrets from the environment only), the sink
-// for every other channel (unless NoSink) and the worker.
+// buildApp builds the renderer, the providers whose configuration is
+// present (secrets from the environment only) and the sink for every other
+// channel (unless NoSink), then opens the store and builds the worker.
 func buildApp(e *env, c appConfig) (*app, error) {
 	var reg prometheus.Registerer
 	if c.Registry != nil {
 		reg = c.Registry
 	}
-	q, err := queue.Open(c.Data, &queue.Options{
-		Logger: c.Logger.With("component", "queue"), Registerer: reg, Backoff: c.Backoff,
-		Retention: c.Retention, RescanInterval: c.Rescan, NoSync: c.Relaxed,
-	})
-	if err != nil {
+	a := &app{providers: map[envelope.Channel]channels.Provider{}, sinks: map[envelope.Channel]*sink.Provider{}}
+	fail := func(err error) (*app, error) {
+		if a.q != nil {
+			a.q.Close()
+		}
 		return nil, err
 	}
-	a := &app{q: q, providers: map[envelope.Channel]channels.Provider{}, sinks: map[envelope.Channel]*sink.Provider{}}
-	fail := func(err error) (*app, error) { q.Close(); return nil, err }
 
 	key, err := httpapi.LoadOrCreateKey(c.Data)
 	if err != nil {
@@ -115,6 +112,8 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	}
 
 	// Email: RESEND_API_KEY + from.
+	var email *resend.Provider
+	var whSecret string
 	if apiKey, err := resend.APIKeyFromEnv(e.Getenv); err == nil {
 		if c.EmailFrom == "" {
 			return fail(errors.New("email: RESEND_API_KEY is set but --email-from (OUTBOX_EMAIL_FROM) is not"))
@@ -123,25 +122,12 @@ func buildApp(e *env, c appConfig) (*app, error) {
 		if c.ResendRate > 0 {
 			opts.Rate = rateLimit(c.ResendRate)
 		}
-		p, err := resend.New(opts)
-		if err != nil {
+		if email, err = resend.New(opts); err != nil {
 			return fail(err)
 		}
-		a.providers[envelope.ChannelEmail] = p
-		if c.ResendPoll > 0 {
-			a.poller, err = resend.NewPoller(p, q, resend.PollerOptions{Interval: c.ResendPoll, Cursor: resend.FileCursor(filepath.Join(c.Data, "resend.cursor")), Logger: c.Logger})
-			if err != nil {
-				return fail(err)
-			}
-		}
-		whSecret, err := secret(e, "RESEND_WEBHOOK_SECRET")
-		if err != nil {
+		a.providers[envelope.ChannelEmail] = email
+		if whSecret, err = secret(e, "RESEND_WEBHOOK_SECRET"); err != nil {
 			return fail(err)
-		}
-		if whSecret != "" {
-			if a.webhook, err = resend.NewWebhookHandler(whSecret, q, resend.WebhookOptions{Logger: c.Logger}); err != nil {
-				return fail(err)
-			}
 		}
 	} else if e.Getenv(resend.EnvAPIKey) != "" || e.Getenv(resend.EnvAPIKeyFile) != "" {
 		return fail(err)
@@ -178,20 +164,55 @@ func buildApp(e *env, c appConfig) (*app, error) {
 		a.sinks[ch] = s
 		a.described = append(a.described, string(ch)+": sink ("+filepath.Join(c.Data, "sink", string(ch))+")")
 	}
+
+	// Claims of channels whose provider redelivers idempotently skip their
+	// fsync (see queue.Options.UnsyncedClaims).
+	a.q, err = queue.Open(c.Data, &queue.Options{
+		Logger: c.Logger.With("component", "queue"), Registerer: reg, Backoff: c.Backoff,
+		Retention: c.Retention, RescanInterval: c.Rescan, NoSync: c.Relaxed,
+		UnsyncedClaims: idempotentChannels(a.providers),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if email != nil {
+		if c.ResendPoll > 0 {
+			a.poller, err = resend.NewPoller(email, a.q, resend.PollerOptions{Interval: c.ResendPoll, Cursor: resend.FileCursor(filepath.Join(c.Data, "resend.cursor")), Logger: c.Logger})
+			if err != nil {
+				return fail(err)
+			}
+		}
+		if whSecret != "" {
+			if a.webhook, err = resend.NewWebhookHandler(whSecret, a.q, resend.WebhookOptions{Logger: c.Logger}); err != nil {
+				return fail(err)
+			}
+		}
+	}
 	if len(a.providers) == 0 {
 		// Nothing to deliver with: rows wait for an external worker on the
 		// /internal/outbox seam.
 		return a, nil
 	}
 	a.w, err = worker.New(worker.Config{
-		Store: q, Providers: a.providers, Renderer: a.r, Concurrency: c.Concurrency,
+		Store: a.q, Providers: a.providers, Renderer: a.r, Concurrency: c.Concurrency,
 		Lease: c.Lease, ShutdownTimeout: c.Shutdown, Logger: c.Logger, Registerer: reg,
-		NoHandOff: c.NoHandOff,
 	})
 	if err != nil {
 		return fail(err)
 	}
 	return a, nil
+}
+
+// idempotentChannels returns the channels whose provider redelivers
+// idempotently (delivering a key twice has the effect of once).
+func idempotentChannels(providers map[envelope.Channel]channels.Provider) []envelope.Channel {
+	var out []envelope.Channel
+	for _, ch := range envelope.Channels {
+		if p, ok := providers[ch]; ok && p.Capabilities().IdempotentRedelivery {
+			out = append(out, ch)
+		}
+	}
+	return out
 }
 
 // close stops the worker (if not stopped) and closes the store.

@@ -183,39 +183,27 @@ func TestDrill_Kill(t *testing.T) {
 			unresolved++
 		}
 	}
-	// No key delivered twice: the sink journals every Deliver call. The one
-	// exception is a call for an envelope handed straight from its Enqueue
-	// to an idle worker (marked "handoff"): it starts once the envelope is
-	// durable but before its lease is in the index, so a kill in that
-	// instant delivers the key again, which an idempotent provider absorbs.
-	// Any other repeat means a lease was lost or ignored.
+	// No key delivered twice: the sink journals every Deliver call, and
+	// every call follows a claim written to the index, so any repeat means
+	// a lease was lost or ignored.
 	journal, _ := os.ReadFile(filepath.Join(data, "sink", "telegram.journal"))
 	per := map[string]int{}
-	lastHandOff := map[string]bool{}
-	dups, handOffRepeats, handOffCalls := 0, 0, 0
+	dups := 0
 	for _, l := range strings.Split(strings.TrimSpace(string(journal)), "\n") {
 		if l == "" {
 			continue
 		}
-		key, mark, _ := strings.Cut(l, " ")
-		per[key]++
-		switch {
-		case per[key] > 1 && lastHandOff[key]:
-			handOffRepeats++
-		case per[key] > 1:
+		per[l]++
+		if per[l] == 2 {
 			dups++
-		}
-		lastHandOff[key] = mark == "handoff"
-		if mark == "handoff" {
-			handOffCalls++
 		}
 	}
 	rows := 0
 	for st := range counts {
 		rows += counts.Total(st)
 	}
-	report := fmt.Sprintf("kill drill: kills=%d acknowledged=%d rows=%d delivered=%d lost=%d duplicates=%d unresolved=%d deliver_calls=%d handoff_calls=%d handoff_repeats=%d",
-		kills, len(acked), rows, delivered, lost, dups, unresolved, len(per), handOffCalls, handOffRepeats)
+	report := fmt.Sprintf("kill drill: kills=%d acknowledged=%d rows=%d delivered=%d lost=%d duplicates=%d unresolved=%d deliver_calls=%d",
+		kills, len(acked), rows, delivered, lost, dups, unresolved, len(per))
 	t.Log(report)
 	if os.Getenv("OUTBOX_DRILL_KILLS") != "" {
 		fmt.Println(report)

@@ -34,7 +34,7 @@ func rateLimit(perSecond float64) rate.Limit { return rate.Limit(perSecond) }
 // serveFlags are serve's settings; demo reuses the store and provider ones.
 type serveFlags struct {
 	data, addr, publicURL, templates, subscriber, emailFrom, replyTo, telegramURL, logFormat *string
-	noSink, relaxed, sinkJournal, noHandOff                                                  *bool
+	noSink, relaxed, sinkJournal                                                             *bool
 	concurrency, maxAttempts                                                                 *int
 	lease, backoffBase, backoffCap, retention, rescan, shutdown, resendPoll, seamLease       *time.Duration
 	maxBody                                                                                  *int
@@ -66,7 +66,6 @@ func addServeFlags(s *settings) *serveFlags {
 	f.maxBody = s.integer("max-body", "OUTBOX_MAX_BODY", 1<<20, "largest request body in bytes")
 	f.seamLease = s.duration("seam-lease", "OUTBOX_SEAM_LEASE", 5*time.Minute, "lease of envelopes handed out by /internal/outbox/pending")
 	f.logFormat = s.str("log-format", "OUTBOX_LOG_FORMAT", "text", "log format: text or json")
-	f.noHandOff = s.boolean("no-handoff", "OUTBOX_NO_HANDOFF", false, "every provider call follows a claim written to the index (no hand-off of a fresh envelope to an idle worker)")
 	f.sinkJournal = s.boolean("sink-journal", "OUTBOX_SINK_JOURNAL", false, "the sink also appends each delivered key's hash to DATA/sink/CHANNEL.journal (used by the kill drill)")
 	return f
 }
@@ -78,7 +77,7 @@ func (f *serveFlags) appConfig(log *slog.Logger, reg *prometheus.Registry, publi
 		Retention: *f.retention, Rescan: *f.rescan, Relaxed: *f.relaxed, TemplatesDir: *f.templates,
 		Subscriber: *f.subscriber, EmailFrom: *f.emailFrom, EmailReplyTo: *f.replyTo,
 		ResendRate: float64(*f.resendRate), ResendPoll: *f.resendPoll, TelegramURL: *f.telegramURL,
-		Shutdown: *f.shutdown, SinkJournal: *f.sinkJournal, NoHandOff: *f.noHandOff, Logger: log, Registry: reg,
+		Shutdown: *f.shutdown, SinkJournal: *f.sinkJournal, Logger: log, Registry: reg,
 	}
 }
 

@@ -74,14 +74,6 @@ type Config struct {
 	Now func() time.Time
 	// Owner names the worker in leases (default "worker-" + a random UUID).
 	Owner string
-	// NoHandOff turns hand-offs off. By default an idle worker whose
-	// channel's provider redelivers idempotently stands ready for the next
-	// envelope an in-process Enqueue of a *queue.Queue appends (see
-	// queue.Offer): it renders while the envelope is synced and calls the
-	// provider once it is durable, before the lease is written to the index
-	// (a crash in that instant delivers the key again, which such a
-	// provider absorbs). With NoHandOff every call follows a written claim.
-	NoHandOff bool
 }
 
 // Errors returned by New and Run.

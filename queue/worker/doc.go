@@ -12,16 +12,6 @@
 // the tailer), by a timer set to the store's next due time, and by a slow
 // safety tick; idle, it sleeps.
 //
-// # Hand-off
-//
-// On a *queue.Queue, an idle worker also stands ready (queue.Offer) on its
-// channels whose provider redelivers idempotently: the next single envelope
-// an in-process Enqueue appends is leased to it before the append, rendered
-// while the record is synced, and handed to the provider once it is durable
-// (Lease.WaitDurable), while the store indexes the row already leased. A
-// crash between that call and the index write delivers the key again, which
-// such a provider absorbs. Config.NoHandOff turns it off.
-//
 // # Outcomes
 //
 // A provider's error is classified with envelope.Classify:

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -98,5 +99,69 @@ func TestWorker_FileStoreWithRenderer(t *testing.T) {
 	}
 	if fmt.Sprint(order) != "[0 1 1 2]" {
 		t.Errorf("telegram segments called in order %v, want [0 1 1 2]", order)
+	}
+}
+
+// Two workers claim from one file store while producers enqueue, most
+// envelopes one at a time (the workers keep going idle and are woken) and
+// some in batches. Every envelope is delivered exactly once, by one call,
+// and the store checks clean.
+func TestWorker_TwoWorkersOnOneFileStore(t *testing.T) {
+	s, err := queue.Open(t.TempDir(), &queue.Options{Logger: discard, DisableWatcher: true, RescanInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	p := fake.New(envelope.ChannelTelegram)
+	providers := map[envelope.Channel]channels.Provider{envelope.ChannelTelegram: p}
+	var runs []*running
+	for i := 0; i < 2; i++ {
+		runs = append(runs, startWorker(t, Config{Store: s, Providers: providers, Renderer: testRenderer{},
+			Logger: discard, Concurrency: 2, Owner: fmt.Sprintf("w%d", i)}))
+	}
+	const producers, each = 4, 60
+	var wg sync.WaitGroup
+	var keys []envelope.Key
+	var mu sync.Mutex
+	for g := 0; g < producers; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				e := queuetest.Reply(fmt.Sprintf("p%d-%d", g, i), fmt.Sprintf("u%d", i%7), "hello")
+				envs := []*envelope.Envelope{e}
+				if i%10 == 9 {
+					envs = append(envs, queuetest.Reply(fmt.Sprintf("p%d-%d-b", g, i), "ub", "batch"))
+				}
+				if _, err := s.Enqueue(context.Background(), envs...); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, e := range envs {
+					keys = append(keys, keyOf(e, 0))
+				}
+				mu.Unlock()
+				time.Sleep(time.Duration(i%3) * time.Millisecond) // let the workers go idle
+			}
+		}()
+	}
+	wg.Wait()
+	for _, k := range keys {
+		waitFor(t, k.EnvelopeID+" delivered", func() bool {
+			st, err := s.Get(context.Background(), k.Tenant, k.EnvelopeID)
+			return err == nil && st.Status == queue.StatusDelivered
+		})
+	}
+	for _, r := range runs {
+		r.idle(t)
+	}
+	for _, k := range keys {
+		if cs := calls(p, fake.OpDeliver, k); len(cs) != 1 {
+			t.Fatalf("%s: %d calls, want 1", k.EnvelopeID, len(cs))
+		}
+	}
+	if rep, err := s.Check(); err != nil || !rep.OK() {
+		t.Fatalf("Check = %+v, %v", rep, err)
 	}
 }

@@ -173,7 +173,6 @@ type running struct {
 	err    error
 
 	starts, ends atomic.Int64
-	offers       atomic.Int64 // offers the idle loop made (hand-offs)
 
 	mu     sync.Mutex
 	events []event
@@ -201,7 +200,6 @@ func runWorker(t testing.TB, w *Worker) *running {
 		},
 		turnStart: func() { r.starts.Add(1) },
 		turnEnd:   func() { r.ends.Add(1) },
-		offered:   func() { r.offers.Add(1) },
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -16,9 +15,6 @@ import (
 const (
 	statusCommitFailed = "commit_failed"
 	statusDeferred     = "deferred"
-	// statusNotStored: a handed-over envelope whose Enqueue failed; there
-	// was nothing to deliver.
-	statusNotStored = "not_stored"
 )
 
 // decision is what the worker does with a Deliver call's result.
@@ -131,18 +127,7 @@ func (w *Worker) deliverLease(ctx context.Context, l *queue.Lease, callDone func
 	if ctx.Err() != nil {
 		return w.release(ctx, l)
 	}
-	// A lease handed over by an Enqueue (queue.Offer) is rendered while
-	// its record is synced: call the provider only once it is durable.
-	if err := l.WaitDurable(callCtx); err != nil {
-		if errors.Is(err, queue.ErrNotStored) {
-			return result{status: statusNotStored}
-		}
-		return w.release(ctx, l)
-	}
 
-	if l.HandedOff() {
-		callCtx = channels.WithHandOff(callCtx)
-	}
 	start := time.Now()
 	rcpt, panicked, err := callDeliver(callCtx, w.providers[ch], l.Key, msg)
 	callDone()

@@ -43,19 +43,12 @@ type leaser interface {
 	Release(ctx context.Context, l *queue.Lease) error
 }
 
-// offerer is a store that can hand a just-enqueued envelope to an idle
-// worker (*queue.Queue; see queue.Offer).
-type offerer interface {
-	Offer(req queue.ClaimRequest) (*queue.Offer, error)
-}
-
 // Worker delivers a store's rows through providers (see the package doc).
 // Its methods are safe for concurrent use.
 type Worker struct {
 	cfg          Config
 	store        queue.Store
 	leases       leaser
-	offers       offerer // nil when the store hands nothing off
 	providers    map[envelope.Channel]channels.Provider
 	names        map[envelope.Channel]string // provider names, for labels
 	channels     []envelope.Channel          // configured, in envelope.Channels order
@@ -66,11 +59,7 @@ type Worker struct {
 	log          *slog.Logger
 	now          func() time.Time
 	rescan       time.Duration
-	// idempotent is true when every provider redelivers idempotently: then
-	// claims may skip fsync (a claim lost in a machine crash only means a
-	// harmless redelivery under the same key).
-	idempotent bool
-	idem       map[envelope.Channel]bool // per channel: its provider redelivers idempotently
+	idem         map[envelope.Channel]bool // per channel: its provider redelivers idempotently
 
 	slots     chan struct{} // one token per task in flight
 	slotFreed chan struct{} // a task finished (coalesced)
@@ -97,8 +86,6 @@ type hooks struct {
 	// turnStart and turnEnd are called at the start and the end of each
 	// loop turn.
 	turnStart, turnEnd func()
-	// offered is called when the idle loop has made an offer.
-	offered func()
 }
 
 // New validates cfg and returns a worker. Errors name the Config field at
@@ -126,10 +113,6 @@ func New(cfg Config) (*Worker, error) {
 	if c.Tenant != "" {
 		w.leases = queue.Scope(c.Store, c.Tenant)
 	}
-	if !c.NoHandOff {
-		w.offers, _ = c.Store.(offerer)
-	}
-	allIdempotent := true
 	for _, ch := range envelope.Channels {
 		p, ok := c.Providers[ch]
 		if !ok {
@@ -137,9 +120,6 @@ func New(cfg Config) (*Worker, error) {
 			continue
 		}
 		w.channels = append(w.channels, ch)
-		if !p.Capabilities().IdempotentRedelivery {
-			allIdempotent = false
-		}
 		w.idem[ch] = p.Capabilities().IdempotentRedelivery
 		name := p.Capabilities().Name
 		if name == "" {
@@ -165,7 +145,6 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: register metrics: %w", err)
 	}
-	w.idempotent = allIdempotent
 	for _, ch := range envelope.Channels {
 		v := 0.0
 		if !slices.Contains(w.channels, ch) {
@@ -310,21 +289,14 @@ func (w *Worker) loop(ctx context.Context) error {
 		if wait <= 0 {
 			continue
 		}
-		offer := w.offer()
-		var handed <-chan *queue.Lease
-		if offer != nil {
-			handed = offer.C
-		}
 		timer.Reset(wait)
-		closed := false
 		select {
-		case <-ctx.Done(): // the loop's top returns
-		case l := <-handed:
-			offer = nil
-			w.metrics.claims.WithLabelValues(string(l.Channel)).Inc()
-			w.dispatch(ctx, "deliver", l)
+		case <-ctx.Done():
+			return nil
 		case _, ok := <-notify:
-			closed = !ok
+			if !ok {
+				return fmt.Errorf("worker: %w", queue.ErrClosed)
+			}
 			stale = 0
 		case <-w.kick:
 			stale = 0
@@ -332,54 +304,7 @@ func (w *Worker) loop(ctx context.Context) error {
 		case <-timer.C:
 		}
 		timer.Stop() // Go ≥ 1.23 timers: no stale tick survives Stop or Reset
-		w.withdraw(ctx, offer)
-		if closed {
-			return fmt.Errorf("worker: %w", queue.ErrClosed)
-		}
 	}
-}
-
-// offer stands the idle worker ready for the next envelope an in-process
-// Enqueue appends (queue.Offer), on its channels whose provider redelivers
-// idempotently and has a rate token: the Enqueue leases it the envelope
-// before appending, and the worker renders it while it is synced and calls
-// the provider once it is durable, instead of waiting for the index. It
-// returns nil when the store hands nothing off or no slot or channel can
-// take one.
-func (w *Worker) offer() *queue.Offer {
-	if w.offers == nil || w.free() == 0 {
-		return nil
-	}
-	var chans []envelope.Channel
-	for _, ch := range w.readyChannels(time.Now()) {
-		if w.idem[ch] {
-			chans = append(chans, ch)
-		}
-	}
-	if len(chans) == 0 {
-		return nil
-	}
-	req := w.request(chans, 1)
-	req.Lazy = true
-	o, err := w.offers.Offer(req)
-	if err != nil {
-		return nil
-	}
-	if w.hooks != nil && w.hooks.offered != nil {
-		w.hooks.offered()
-	}
-	return o
-}
-
-// withdraw ends an offer; a lease handed over meanwhile is dispatched (a
-// task releases it if the worker is stopping).
-func (w *Worker) withdraw(ctx context.Context, o *queue.Offer) {
-	if o == nil || o.Withdraw() {
-		return
-	}
-	l := <-o.C
-	w.metrics.claims.WithLabelValues(string(l.Channel)).Inc()
-	w.dispatch(ctx, "deliver", l)
 }
 
 // free returns the number of task slots free.
@@ -436,7 +361,6 @@ func (w *Worker) request(chans []envelope.Channel, limit int) queue.ClaimRequest
 		Owner:    w.cfg.Owner,
 		Lease:    w.cfg.Lease,
 		Limit:    limit,
-		Lazy:     w.idempotent,
 	}
 }
 
