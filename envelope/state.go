@@ -75,6 +75,7 @@ var Edges = []Edge{
 	{StatePending, StateExpired, "past expires_at, or an earlier segment expired"},
 	{StatePending, StateSuppressed, "consent withdrawn, or an earlier segment's recipient gone"},
 	{StatePending, StateDeadLetter, "record lost, or an earlier segment dead-lettered"},
+	{StatePending, StateUnresolved, "index rebuilt from the logs (fate unknown)"},
 	{StateRetryable, StateExpired, "past expires_at"},
 	{StateRetryable, StateSuppressed, "consent withdrawn"},
 	{StateRetryable, StateDeadLetter, "record lost"},

@@ -233,24 +233,17 @@ func Rebuild(dir string, opts *Options) (int, error) {
 			if err != nil || e == nil {
 				return err
 			}
-			tenant, _ := splitEnvKey(ek)
 			n++
-			for seg := 0; seg < e.Segs; seg++ {
-				r, err := getRow(tx, rowKey(ek, seg))
-				if err != nil || r == nil {
-					return err
-				}
-				old := *r
-				r.Due = 0
-				if e.Exp > 0 && now.UnixNano() >= e.Exp {
-					r.State, r.Class = envelope.StateExpired, envelope.ClassExpired
-				} else {
-					r.State, r.Class = envelope.StateUnresolved, envelope.ClassIndexRebuilt
-				}
-				r.History = append(r.History, Attempt{At: now, State: r.State, Class: r.Class})
-				if err := q.putRow(tx, ek, seg, e, tenant, &old, r); err != nil {
-					return err
-				}
+			recs, _, err := loadRows(tx, ek, e)
+			if err != nil {
+				return err
+			}
+			st, err := Rebuilt(e.Segs, fromNano(e.Exp), now)
+			if err != nil {
+				return err
+			}
+			if err := q.apply(tx, ek, e, recs, st, now); err != nil {
+				return err
 			}
 		}
 		return nil

@@ -178,6 +178,31 @@ func Refuse(rows []Delivery, v Verdict, now time.Time) (*Step, error) {
 	return s, s.settleRest(0, v.State, v.Class, now)
 }
 
+// Expired reports whether an envelope with expiresAt (zero: never) is past
+// it at now.
+func Expired(expiresAt, now time.Time) bool {
+	return !expiresAt.IsZero() && !now.Before(expiresAt)
+}
+
+// Rebuilt returns the rows of an envelope with segs segments whose index
+// was rebuilt from the logs: nothing says whether they were sent, so every
+// row is unresolved (class index_rebuilt, for an operator to resolve or
+// requeue), or expired when the envelope is past expiresAt. Nothing is
+// redelivered blindly. Every row is in Changed.
+func Rebuilt(segs int, expiresAt time.Time, now time.Time) (*Step, error) {
+	s := newStep(NewRows(&envelope.Envelope{}, segs, now))
+	to, class := envelope.StateUnresolved, envelope.ClassIndexRebuilt
+	if Expired(expiresAt, now) {
+		to, class = envelope.StateExpired, envelope.ClassExpired
+	}
+	for i := range s.Rows {
+		if err := s.settle(i, to, class, now); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
 // Verdict is what a claim does with an eligible row.
 type Verdict struct {
 	State envelope.State // sending (lease it), expired, suppressed or dead_letter
@@ -187,7 +212,7 @@ type Verdict struct {
 // Judge decides what a claim at now does with a row of e, given the user's
 // current consent (found: a consent record exists).
 func Judge(e *envelope.Envelope, c Consent, found bool, now time.Time) Verdict {
-	if !e.ExpiresAt.IsZero() && !now.Before(e.ExpiresAt) {
+	if Expired(e.ExpiresAt, now) {
 		return Verdict{envelope.StateExpired, envelope.ClassExpired}
 	}
 	if ok, why := c.Allows(found, e); !ok {

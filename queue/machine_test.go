@@ -109,6 +109,10 @@ func TestMachine_EveryEdgeIsTaken(t *testing.T) {
 		run(rows, func(r []queue.Delivery) (*queue.Step, error) { return queue.Resolve(r, as, t0) })
 	}
 
+	// An index rebuilt from the logs.
+	run(fresh(2), func([]queue.Delivery) (*queue.Step, error) { return queue.Rebuilt(2, time.Time{}, t0) })
+	run(fresh(1), func([]queue.Delivery) (*queue.Step, error) { return queue.Rebuilt(1, t0, t0) })
+
 	want := edges{}
 	for _, e := range envelope.Edges {
 		want[[2]envelope.State{e.From, e.To}] = true
