@@ -78,9 +78,6 @@ func Path(dataDir, tenant, user string) string {
 // Syncer flushes a file to stable storage; tests inject failures.
 type Syncer func(f *os.File) error
 
-// Fdatasync is the default Syncer.
-func Fdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }
-
 // Appender appends to logs with group commit: concurrent appends to the same
 // log share one write and one fsync. It keeps up to maxOpen logs open between
 // appends, closing the least recently used one (when idle) to open another.
@@ -471,31 +468,6 @@ func Inode(path string) (uint64, error) {
 	return ino, err
 }
 
-// A log's size and inode are read without asking for its timestamps:
-// since Linux 6.13 a query of a file's change time makes the next write
-// stamp it with a fine-grained time, and that write's fdatasync then
-// commits the journal, the very cost the reserve avoids (measured: an
-// fstat between overwrites brings their syncs down to an append's rate).
-const sizeIno = unix.STATX_SIZE | unix.STATX_INO
-
-// PathSize returns the size and inode of the file at path.
-func PathSize(path string) (int64, uint64, error) {
-	var st unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, path, 0, sizeIno, &st); err != nil {
-		return 0, 0, &os.PathError{Op: "statx", Path: path, Err: err}
-	}
-	return int64(st.Size), st.Ino, nil
-}
-
-// fileSize returns the size and inode of the open file f.
-func fileSize(f *os.File) (int64, uint64, error) {
-	var st unix.Statx_t
-	if err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH, sizeIno, &st); err != nil {
-		return 0, 0, &os.PathError{Op: "statx", Path: f.Name(), Err: err}
-	}
-	return int64(st.Size), st.Ino, nil
-}
-
 func fileInode(f *os.File) (uint64, error) {
 	_, ino, err := fileSize(f)
 	return ino, err
@@ -601,20 +573,6 @@ func syncDirs(dirs []string, sync Syncer) error {
 		}
 	}
 	return nil
-}
-
-func samePath(f *os.File, path string) (bool, error) {
-	var a, b unix.Statx_t
-	if err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_INO, &a); err != nil {
-		return false, err
-	}
-	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_INO, &b); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, os.ErrNotExist
-		}
-		return false, err
-	}
-	return a.Ino == b.Ino && a.Dev_major == b.Dev_major && a.Dev_minor == b.Dev_minor, nil
 }
 
 // appendHeld appends buf at the end of f (whose flock is held) and syncs
