@@ -375,6 +375,39 @@ func TestNothingPast(t *testing.T) {
 	check("a torn line in the padding", map[int64]bool{64: false})
 }
 
+// Withdraw cuts a failed batch's append back, only while nothing was
+// appended after it; the next append takes its place.
+func TestAppender_Withdraw(t *testing.T) {
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	path := filepath.Join(dir, rel)
+	a := NewAppender(dir, Fdatasync)
+	defer a.Close()
+	r1, r2, r3, f4 := rec(1, 64), rec(2, 64), rec(3, 64), rec(4, 64)
+	for _, r := range [][]byte{r1, r2} {
+		if _, _, err := a.Append(rel, r, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !a.Withdraw(rel, 64, 128) {
+		t.Fatal("Withdraw of the last append refused")
+	}
+	wantFile(t, path, r1)
+	if off, _, err := a.Append(rel, r3, nil); err != nil || off != 64 {
+		t.Fatalf("append after Withdraw at %d, %v; want 64", off, err)
+	}
+	if _, err := AppendLocked(path, f4, Fdatasync); err != nil {
+		t.Fatal(err)
+	}
+	if a.Withdraw(rel, 64, 128) {
+		t.Fatal("Withdraw cut a log another append had grown")
+	}
+	wantFile(t, path, r1, r3, f4)
+	if a.Withdraw(filepath.Join(Dir, "t", "missing.jsonl"), 0, 64) {
+		t.Fatal("Withdraw of a missing log reported a cut")
+	}
+}
+
 // BenchmarkAppend compares one durable 1 KiB append by the store's
 // appender (cached descriptor, group commit) with the foreign-appender
 // path (open, lock, append, fdatasync, close).

@@ -401,6 +401,34 @@ func (a *Appender) Exclusive(rel string, fn func()) {
 	g.learn(unknownTail, 0)
 }
 
+// Withdraw cuts the log at rel back to start, under its flock and with no
+// append of this process running, if its size is still end: it takes back
+// an append [start, end) that nothing was appended after. It reports
+// whether it did (and, with syncs on, synced the cut).
+func (a *Appender) Withdraw(rel string, start, end int64) bool {
+	g := a.group(rel)
+	defer a.put(g)
+	g.io.Lock()
+	defer g.io.Unlock()
+	f, err := openFile(filepath.Join(a.dir, rel), unix.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close() // releases the flock
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX) != nil {
+		return false
+	}
+	if size, _, err := fileSize(f); err != nil || size != end || start < 0 || start > end {
+		return false
+	}
+	g.wmu.Lock()
+	g.learn(unknownTail, 0)
+	err = f.Truncate(start)
+	g.wmu.Unlock()
+	g.end = -1
+	return err == nil && (a.sync == nil || a.sync(f) == nil)
+}
+
 func (g *group) learn(t tail, ino uint64) {
 	g.mu.Lock()
 	g.seen, g.seenIno = t, ino
