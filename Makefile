@@ -17,9 +17,21 @@ build: ## build bin/outbox
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/outbox ./cmd/outbox
 
 .PHONY: test
-test: ## go vet, then every test with -race -shuffle=on (what CI runs)
+test: cross ## go vet, the cross-builds, then every test with -race -shuffle=on (what CI runs)
 	$(GO) vet $(PKGS)
 	$(GO) test -race -shuffle=on -timeout 15m $(PKGS)
+
+# The tests run on Linux; the module must also build (test files included)
+# for the other systems a homelab box or a developer's laptop runs.
+CROSS ?= darwin freebsd
+
+.PHONY: cross
+cross: ## build and vet (which compiles the test files too) for each of CROSS
+	@set -e; for os in $(CROSS); do \
+	  echo "GOOS=$$os go build $(PKGS) && go vet $(PKGS)"; \
+	  GOOS=$$os GOARCH=amd64 $(GO) build $(PKGS); \
+	  GOOS=$$os GOARCH=amd64 $(GO) vet $(PKGS); \
+	done
 
 .PHONY: demo
 demo: ## run the whole delivery loop once on ./data with the sink provider (no credentials)

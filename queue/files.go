@@ -65,7 +65,8 @@ func (q *Queue) removeLogLocked(rel, tenant, user string) {
 	if live || off < 0 {
 		return
 	}
-	if idle, err := applog.OnlyReserve(f, off); err != nil || !idle {
+	// Nothing past the offset, or only an older build's reserve padding.
+	if idle, err := applog.NothingPast(f, off); err != nil || !idle {
 		return
 	}
 	ino, err := inode(path)

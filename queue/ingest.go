@@ -302,13 +302,11 @@ func (q *Queue) unreserve(keys []string) {
 }
 
 // withdraw removes records of a failed batch from a log: truncated when
-// nothing was appended after them, else recorded as skipped for the indexer.
+// nothing was appended after them (checked under the log's lock), else
+// recorded as skipped for the indexer.
 func (q *Queue) withdraw(rel string, start, end int64) {
-	path := filepath.Join(q.dir, rel)
-	if fi, err := os.Stat(path); err == nil && fi.Size() == end {
-		if err := os.Truncate(path, start); err == nil {
-			return
-		}
+	if q.app.Withdraw(rel, start, end) {
+		return
 	}
 	_ = q.write(context.Background(), false, func(tx *bolt.Tx) error {
 		k := append([]byte(rel+"\x00"), u64(uint64(start))...)

@@ -25,7 +25,6 @@ import (
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/worker"
 	"github.com/outboxhq/outbox/render"
-	"golang.org/x/sys/unix"
 )
 
 func init() {
@@ -239,9 +238,6 @@ type benchStore struct {
 	dir string
 }
 
-// fsTopDirFlag is FS_TOPDIR_FL of linux/fs.h (chattr +T).
-const fsTopDirFlag = 0x00020000
-
 // benchRoot makes the directory a run's stores go in, each under a random
 // name. It asks the filesystem (ext2/3/4) to place each store in a block
 // group of its own choosing, as it does for the children of the root,
@@ -257,12 +253,7 @@ func benchRoot(parent string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
-		if flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS); err == nil {
-			_ = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|fsTopDirFlag))
-		}
-		unix.Close(fd)
-	}
+	spreadStores(root)
 	return root, nil
 }
 

@@ -7,10 +7,17 @@
 // read. An appender that finds such a torn tail while it holds the lock
 // knows its writer died (writers hold the lock for the whole line), so it
 // terminates the torn line with a '\n' first: that line then fails to parse
-// and is quarantined by the reader, and the new records stay intact. The
-// store's own appender keeps a reserve of spaces at the end of the logs it
-// writes and overwrites it (see writeReserved); to readers the reserve is
-// such an unfinished final line.
+// and is quarantined by the reader, and the new records stay intact.
+// Every appender, the store's own included, writes only its records (and
+// that newline) at the end of the file: a log grows by what is appended to
+// it, and a reader that follows its size (tail -f) sees each record once it
+// is written.
+//
+// Older builds of the store kept a reserve of spaces at the end of the logs
+// they wrote (no newline) and wrote their records over it. Such padding
+// reads as an unfinished final line; an append ends it with a newline (the
+// line of spaces is then no record, see Lines), and a line that starts
+// with spaces is read without them.
 package applog
 
 import (
@@ -78,9 +85,6 @@ func Path(dataDir, tenant, user string) string {
 // Syncer flushes a file to stable storage; tests inject failures.
 type Syncer func(f *os.File) error
 
-// Fdatasync is the default Syncer.
-func Fdatasync(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }
-
 // Appender appends to logs with group commit: concurrent appends to the same
 // log share one write and one fsync. It keeps up to maxOpen logs open between
 // appends, closing the least recently used one (when idle) to open another.
@@ -133,7 +137,9 @@ type group struct {
 	io  sync.Mutex // serialises the file I/O and Exclusive
 	f   *os.File   // cached descriptor, nil when closed
 	ino uint64
-	at  tail // where our last append left the file of inode ino (g.io)
+	// end is the size at which our last append left the file of inode
+	// ino, ending in that append's newline; -1 when unknown (g.io).
+	end int64
 	// elem is g's place in the Appender's lru while f is open; the rest
 	// is under Appender.mu too.
 	elem   *list.Element
@@ -142,10 +148,10 @@ type group struct {
 	refs   int           // callers holding g (group … put)
 	pinned bool          // directory entries still to sync: never forgotten
 
-	// wmu is held for writing around every write into the file and for
-	// reading by ReadComplete: an overwrite of the reserve is not atomic to
-	// a concurrent read (unlike an append, whose new size a reader sees
-	// only with its bytes).
+	// wmu is held for writing around every write into the file (with
+	// what the writer learns of it) and for reading by ReadComplete and
+	// Settled: they see the log either before a write or after it, with
+	// seen updated.
 	wmu sync.RWMutex
 	// seen is what the last write or ReadComplete learned (g.mu): while
 	// the file (seenIno) has size seen.size, no newline lies at or after
@@ -172,7 +178,7 @@ func (a *Appender) group(rel string) *group {
 	defer a.mu.Unlock()
 	g := a.logs[rel]
 	if g == nil {
-		g = &group{at: unknownTail, rel: rel, refs: 1}
+		g = &group{end: -1, rel: rel, refs: 1}
 		a.logs[rel] = g
 		g.all = a.known.PushFront(g)
 		a.forget() // never g: it is held already
@@ -275,6 +281,7 @@ func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, er
 	if g.f == nil {
 		if !a.admit(g) {
 			// Every cached log is busy: append without caching.
+			g.end = -1
 			off, err := AppendLocked(path, buf, a.sync)
 			ino, _ := Inode(path)
 			return off, ino, err
@@ -291,7 +298,7 @@ func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, er
 			return 0, 0, fmt.Errorf("stat log: %w", err)
 		}
 		if ino != g.ino {
-			g.at = unknownTail // not the file our last append left
+			g.end = -1 // not the file our last append left
 		}
 		g.f, g.ino = f, ino
 		if dirs != nil {
@@ -312,7 +319,7 @@ func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, er
 		dirErr = make(chan error, 1)
 		go func(dirs []string) { dirErr <- syncDirs(dirs, a.sync) }(g.dirs)
 	}
-	off, at, err := writeReserved(g.f, buf, a.sync, g.at, func(t tail) { g.learn(t, g.ino) }, &g.wmu)
+	off, err := appendHeld(g.f, buf, a.sync, g)
 	if dirErr != nil {
 		if derr := <-dirErr; err == nil {
 			if err = derr; err == nil {
@@ -325,11 +332,10 @@ func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, er
 	}
 	_ = unix.Flock(int(g.f.Fd()), unix.LOCK_UN)
 	if err != nil {
-		g.at = unknownTail
+		g.end = -1
 		g.learn(unknownTail, 0) // what is in the file is for readers to find
 		return 0, 0, err
 	}
-	g.at = at
 	return off, g.ino, nil
 }
 
@@ -386,12 +392,41 @@ func (a *Appender) Exclusive(rel string, fn func()) {
 	defer g.io.Unlock()
 	if g.f != nil {
 		g.f.Close()
-		g.f, g.at = nil, unknownTail
+		g.f, g.end = nil, -1
 		a.release(g)
 	}
 	g.learn(unknownTail, 0)
 	fn()
+	g.end = -1
 	g.learn(unknownTail, 0)
+}
+
+// Withdraw cuts the log at rel back to start, under its flock and with no
+// append of this process running, if its size is still end: it takes back
+// an append [start, end) that nothing was appended after. It reports
+// whether it did (and, with syncs on, synced the cut).
+func (a *Appender) Withdraw(rel string, start, end int64) bool {
+	g := a.group(rel)
+	defer a.put(g)
+	g.io.Lock()
+	defer g.io.Unlock()
+	f, err := openFile(filepath.Join(a.dir, rel), unix.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close() // releases the flock
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX) != nil {
+		return false
+	}
+	if size, _, err := fileSize(f); err != nil || size != end || start < 0 || start > end {
+		return false
+	}
+	g.wmu.Lock()
+	g.learn(unknownTail, 0)
+	err = f.Truncate(start)
+	g.wmu.Unlock()
+	g.end = -1
+	return err == nil && (a.sync == nil || a.sync(f) == nil)
 }
 
 func (g *group) learn(t tail, ino uint64) {
@@ -433,7 +468,8 @@ func (a *Appender) Settled(rel string) bool {
 // ReadComplete reads the log at rel from offset off up to and including its
 // last complete line, like the package's ReadComplete, but never while this
 // appender writes into the log, and without reading again what it knows to
-// hold no complete line (a reserve, or a torn tail it read before).
+// hold no complete line (a torn tail, or an older build's padding, that it
+// read before).
 func (a *Appender) ReadComplete(rel string, off int64) ([]byte, error) {
 	g := a.group(rel)
 	defer a.put(g)
@@ -458,7 +494,7 @@ func (a *Appender) Close() {
 		g.io.Lock()
 		if g.f != nil {
 			g.f.Close()
-			g.f, g.at = nil, unknownTail
+			g.f, g.end = nil, -1
 			a.release(g)
 		}
 		g.io.Unlock()
@@ -469,31 +505,6 @@ func (a *Appender) Close() {
 func Inode(path string) (uint64, error) {
 	_, ino, err := PathSize(path)
 	return ino, err
-}
-
-// A log's size and inode are read without asking for its timestamps:
-// since Linux 6.13 a query of a file's change time makes the next write
-// stamp it with a fine-grained time, and that write's fdatasync then
-// commits the journal, the very cost the reserve avoids (measured: an
-// fstat between overwrites brings their syncs down to an append's rate).
-const sizeIno = unix.STATX_SIZE | unix.STATX_INO
-
-// PathSize returns the size and inode of the file at path.
-func PathSize(path string) (int64, uint64, error) {
-	var st unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, path, 0, sizeIno, &st); err != nil {
-		return 0, 0, &os.PathError{Op: "statx", Path: path, Err: err}
-	}
-	return int64(st.Size), st.Ino, nil
-}
-
-// fileSize returns the size and inode of the open file f.
-func fileSize(f *os.File) (int64, uint64, error) {
-	var st unix.Statx_t
-	if err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH, sizeIno, &st); err != nil {
-		return 0, 0, &os.PathError{Op: "statx", Path: f.Name(), Err: err}
-	}
-	return int64(st.Size), st.Ino, nil
 }
 
 func fileInode(f *os.File) (uint64, error) {
@@ -527,7 +538,7 @@ func AppendLocked(path string, buf []byte, sync Syncer) (int64, error) {
 			}
 			continue
 		}
-		off, err := appendHeld(f, buf, sync)
+		off, err := appendHeld(f, buf, sync, nil)
 		if err == nil {
 			err = syncDirs(dirs, sync)
 		}
@@ -603,194 +614,78 @@ func syncDirs(dirs []string, sync Syncer) error {
 	return nil
 }
 
-func samePath(f *os.File, path string) (bool, error) {
-	var a, b unix.Statx_t
-	if err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_INO, &a); err != nil {
-		return false, err
-	}
-	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_INO, &b); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, os.ErrNotExist
-		}
-		return false, err
-	}
-	return a.Ino == b.Ino && a.Dev_major == b.Dev_major && a.Dev_minor == b.Dev_minor, nil
-}
-
 // appendHeld appends buf at the end of f (whose flock is held) and syncs
-// it: the way every appender but the store's own writes, never into a
-// reserve (see writeReserved). It returns where buf starts.
-func appendHeld(f *os.File, buf []byte, sync Syncer) (int64, error) {
+// it: the one way every appender writes. A final line without its newline
+// (a torn tail under our lock: its writer died mid-line; or an older
+// build's reserve of spaces) is ended with a newline first. It returns
+// where buf starts. On failure the file is truncated back to its size
+// before the call. g is the store's appender's group of the log (nil for
+// the others): a file still of the size its last append left it ends in
+// that append's newline, and the write holds g.wmu and records what it
+// wrote.
+func appendHeld(f *os.File, buf []byte, sync Syncer, g *group) (int64, error) {
 	size, _, err := fileSize(f)
 	if err != nil {
 		return 0, fmt.Errorf("stat log: %w", err)
 	}
 	start := size
-	if size > 0 {
+	if size > 0 && (g == nil || g.end != size) {
 		var last [1]byte
 		if _, err := f.ReadAt(last[:], size-1); err != nil {
 			return 0, fmt.Errorf("read log tail: %w", err)
 		}
 		if last[0] != '\n' {
-			// A torn tail under our lock (its writer died mid-line), or
-			// the store's reserve: end that line first.
 			buf = append([]byte{'\n'}, buf...)
 			start = size + 1
 		}
 	}
-	if err := writeSynced(f, buf, size, sync, nil, nil); err != nil {
-		_ = f.Truncate(size) // nothing of a failed append may stay behind
-		if sync != nil {
-			_ = sync(f)
-		}
-		return 0, err
+	end := size + int64(len(buf))
+	if g != nil {
+		g.wmu.Lock()
 	}
-	return start, nil
-}
-
-// writeSynced writes buf at offset at and syncs it. With wmu, the write
-// holds it, and wrote runs under it after a successful write.
-func writeSynced(f *os.File, buf []byte, at int64, sync Syncer, wmu *sync.RWMutex, wrote func()) error {
-	if wmu != nil {
-		wmu.Lock()
-	}
-	n, err := f.WriteAt(buf, at)
-	if wmu != nil {
+	n, err := f.WriteAt(buf, size)
+	if g != nil {
 		if err == nil && n == len(buf) {
-			wrote()
+			g.learn(tail{end, end}, g.ino)
 		}
-		wmu.Unlock()
+		g.wmu.Unlock()
 	}
 	if err == nil && n != len(buf) {
 		err = io.ErrShortWrite
 	}
 	if err != nil {
-		return fmt.Errorf("write log: %w", err)
-	}
-	if sync != nil {
-		if err := sync(f); err != nil {
-			return fmt.Errorf("sync log: %w", err)
+		err = fmt.Errorf("write log: %w", err)
+	} else if sync != nil {
+		if err = sync(f); err != nil {
+			err = fmt.Errorf("sync log: %w", err)
 		}
 	}
-	return nil
-}
-
-// The reserve. Appending to a file changes its size, so every fdatasync
-// after an append also commits the file system's journal; overwriting bytes
-// the file already has does not, and syncs about 1.5 times as fast. The
-// store's own appender therefore keeps a reserve at the end of each log it
-// writes: a run of spaces, no newline, that it extends in steps (one
-// size-changing sync per step) and overwrites record by record. To every
-// reader a reserve is what SPEC calls an incomplete final line (no newline:
-// never read), and to JSON a record that follows an abandoned reserve merely
-// has leading whitespace. Only the process that holds the store writes into
-// a reserve; every other appender (appendHeld) appends after it, ending the
-// reserve's "line" with a newline first, and the store's appender, seeing
-// the size changed, starts after that append.
-const (
-	minReserve = 4 << 10
-	maxReserve = 16 << 10
-	// maxBurst bounds the reserve a large write earns: room for four
-	// more like it, so that a log written in big group-commit batches
-	// (many producers, one user) does not change size at every sync.
-	maxBurst = 128 << 10
-)
-
-// tail is what the store's appender knows about a log after its last
-// append: the end of its data (after the last newline) and the file's size
-// (the data plus the reserve).
-type tail struct{ end, size int64 }
-
-var unknownTail = tail{-1, -1}
-
-// reserveFor returns the file size to extend to when data must end at n
-// after a write of w bytes: past n by a reserve that grows with the log
-// and with the write, rounded to 4 KiB pages.
-func reserveFor(n, w int64) int64 {
-	r := min(max(n/4, minReserve), maxReserve)
-	r = max(r, min(4*w, maxBurst))
-	return (n + r + minReserve - 1) / minReserve * minReserve
-}
-
-// noReserve makes the appender append without a reserve (benchmarks).
-var noReserve = false
-
-var spaces = bytes.Repeat([]byte{' '}, maxBurst+minReserve)
-
-// writeReserved writes buf at the end of f's data (f's flock is held),
-// into the reserve when it fits, else extending the file with a new
-// reserve, and syncs it. at is what this appender knew after its last
-// append: when the size is unchanged, nobody else appended since. It
-// returns where buf starts and what is known now.
-func writeReserved(f *os.File, buf []byte, sync Syncer, at tail, learn func(tail), wmu *sync.RWMutex) (int64, tail, error) {
-	size, _, err := fileSize(f)
 	if err != nil {
-		return 0, unknownTail, fmt.Errorf("stat log: %w", err)
-	}
-	end, start := at.end, at.end
-	if at.size != size || end < 0 || end > size {
-		var torn bool
-		if end, torn, err = dataEnd(f, size); err != nil {
-			return 0, unknownTail, fmt.Errorf("read log tail: %w", err)
+		// Nothing of a failed append may stay behind.
+		if g != nil {
+			g.wmu.Lock()
+			g.learn(unknownTail, 0)
 		}
-		start = end
-		if torn {
-			// A torn line under our lock: its writer died mid-line.
-			buf = append([]byte{'\n'}, buf...)
-			start++
+		_ = f.Truncate(size)
+		if g != nil {
+			g.wmu.Unlock()
 		}
-	}
-	newEnd := end + int64(len(buf))
-	out, newSize := buf, size
-	if newEnd > size {
-		newSize = reserveFor(newEnd, int64(len(buf)))
-		if noReserve {
-			newSize = newEnd
-		}
-		out = make([]byte, 0, newSize-end)
-		out = append(out, buf...)
-		out = append(out, spaces[:newSize-newEnd]...)
-	}
-	if err := writeSynced(f, out, end, sync, wmu, func() { learn(tail{newEnd, newSize}) }); err != nil {
-		// Nothing of a failed append may stay behind: cut the extension,
-		// blank what was overwritten.
-		wmu.Lock()
-		learn(unknownTail)
-		if newSize > size {
-			_ = f.Truncate(size)
-		}
-		if size > end {
-			_, _ = f.WriteAt(spaces[:min(size-end, int64(len(buf)))], end)
-		}
-		wmu.Unlock()
 		if sync != nil {
 			_ = sync(f)
 		}
-		return 0, unknownTail, err
+		return 0, err
 	}
-	return start, tail{newEnd, newSize}, nil
+	if g != nil {
+		g.end = end
+	}
+	return start, nil
 }
 
-// dataEnd finds where the data of a log of the given size ends: after its
-// last byte that is not a reserve space. torn reports that this byte is not
-// a newline: the log ends in an incomplete line.
-func dataEnd(f *os.File, size int64) (end int64, torn bool, err error) {
-	var chunk [8 << 10]byte
-	for hi := size; hi > 0; {
-		lo := max(hi-int64(len(chunk)), 0)
-		b := chunk[:hi-lo]
-		if _, err := f.ReadAt(b, lo); err != nil {
-			return 0, false, err
-		}
-		for i := len(b) - 1; i >= 0; i-- {
-			if b[i] != ' ' {
-				return lo + int64(i) + 1, b[i] != '\n', nil
-			}
-		}
-		hi = lo
-	}
-	return 0, false, nil
-}
+// tail is what an appender knows about a log: where its last complete
+// line ends, and the file's size then.
+type tail struct{ end, size int64 }
+
+var unknownTail = tail{-1, -1}
 
 // ReadComplete reads the log at path from offset off up to and including
 // its last complete line. It returns the bytes read (possibly empty). A
@@ -851,15 +746,28 @@ func readComplete(f *os.File, off, end int64) ([]byte, error) {
 	return buf[:i+1], nil
 }
 
-// OnlyReserve reports whether f holds nothing but reserve spaces from off
-// to its end: every record of it ends before off.
-func OnlyReserve(f *os.File, off int64) (bool, error) {
+// NothingPast reports whether f holds no record from off to its end: the
+// file ends at off, or all that follows is spaces (the padding of an older
+// build's reserve).
+func NothingPast(f *os.File, off int64) (bool, error) {
 	size, _, err := fileSize(f)
 	if err != nil || off > size {
 		return false, err
 	}
-	end, torn, err := dataEnd(f, size)
-	return err == nil && !torn && end <= off, err
+	var chunk [8 << 10]byte
+	for at := off; at < size; {
+		b := chunk[:min(size-at, int64(len(chunk)))]
+		if _, err := f.ReadAt(b, at); err != nil {
+			return false, err
+		}
+		for _, c := range b {
+			if c != ' ' {
+				return false, nil
+			}
+		}
+		at += int64(len(b))
+	}
+	return true, nil
 }
 
 // Line is one complete line of a log.
@@ -879,8 +787,8 @@ func Lines(buf []byte, base int64) []Line {
 			break
 		}
 		line := buf[:i]
-		// A line may start with the spaces of an abandoned reserve, and
-		// whitespace-only lines (a reserve ended by another appender's
+		// A line may start with the spaces of an older build's reserve,
+		// and whitespace-only lines (such a reserve ended by an append's
 		// newline) are no records.
 		if t := bytes.TrimLeft(line, " \t\r"); len(bytes.TrimSpace(t)) > 0 {
 			out = append(out, Line{Off: off + int64(len(line)-len(t)), Data: t})

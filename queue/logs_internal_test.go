@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -68,9 +69,65 @@ func TestTailer_IgnoresOwnAppends(t *testing.T) {
 	}
 }
 
-// Prune removes an emptied log although its file ends in the reserve.
-func TestPrune_RemovesALogThatEndsInItsReserve(t *testing.T) {
+// The store appends its records and nothing else: after each in-process
+// Enqueue the log is exactly the records so far (it grows by each one, so
+// a reader following its size, as tail -f does, sees the record at once).
+// Older builds pre-wrote a reserve of spaces and wrote records over it.
+func TestEnqueue_WritesNothingButItsRecords(t *testing.T) {
 	dir := t.TempDir()
+	q := openFault(t, dir)
+	ctx := context.Background()
+	path := LogPath(dir, "", "u1")
+	var size int64
+	for i := range 5 {
+		if _, err := q.Enqueue(ctx, faultEnvelope(fmt.Sprintf("e%d", i), "u1")); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := applog.Lines(b, 0)
+		if len(lines) != i+1 || int64(len(b)) <= size || b[len(b)-1] != '\n' {
+			t.Fatalf("after %d enqueues the log is %d bytes (%d before) with %d lines: %q", i+1, len(b), size, len(lines), b)
+		}
+		var n int64
+		for _, ln := range lines {
+			if ln.Off != n {
+				t.Fatalf("line at %d, want %d: bytes between records in %q", ln.Off, n, b)
+			}
+			n += int64(len(ln.Data)) + 1
+		}
+		if n != int64(len(b)) {
+			t.Fatalf("log of %d bytes holds %d bytes of records: %q", len(b), n, b)
+		}
+		size = int64(len(b))
+	}
+}
+
+// Logs written by an older build end in its reserve (spaces, no newline).
+// Opened by this build, such a log reads as its records, an in-process
+// Enqueue appends after the padding, and Prune still removes the log once
+// all its envelopes are pruned, padding and all.
+func TestOldReserve_ReadAppendedAndPruned(t *testing.T) {
+	dir := t.TempDir()
+	pad := func(user string, n int) {
+		t.Helper()
+		f, err := os.OpenFile(LogPath(dir, "", user), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write(bytes.Repeat([]byte(" "), n)); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	for _, user := range []string{"u1", "u2"} {
+		if err := Append(dir, faultEnvelope("old-"+user, user)); err != nil {
+			t.Fatal(err)
+		}
+		pad(user, 4000)
+	}
 	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 	q, err := Open(dir, &Options{
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DisableWatcher: true, RescanInterval: -1,
@@ -81,27 +138,57 @@ func TestPrune_RemovesALogThatEndsInItsReserve(t *testing.T) {
 	}
 	defer q.Close()
 	ctx := context.Background()
-	if _, err := q.Enqueue(ctx, faultEnvelope("a", "u1")); err != nil {
+	// u2's log gets a new record after its padding, in process and from
+	// another process.
+	if _, err := q.Enqueue(ctx, faultEnvelope("new-u2", "u2")); err != nil {
 		t.Fatal(err)
 	}
-	path := LogPath(dir, "", "u1")
-	b, err := os.ReadFile(path)
-	if err != nil || b[len(b)-1] != ' ' {
-		t.Fatalf("log %q, %v: want it to end in its reserve", b, err)
-	}
-	l, err := q.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute})
-	if err != nil || len(l) != 1 {
-		t.Fatalf("claim = %v, %v", l, err)
-	}
-	if err := q.Commit(ctx, l[0], Outcome{State: envelope.StateSent}); err != nil {
+	if err := Append(dir, faultEnvelope("foreign-u2", "u2")); err != nil {
 		t.Fatal(err)
+	}
+	if err := q.catchUpAll(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"old-u1", "old-u2", "new-u2", "foreign-u2"} {
+		if _, err := q.Get(ctx, "", id); err != nil {
+			t.Fatalf("Get(%s): %v", id, err)
+		}
+	}
+	if n := rows(t, q); n != 4 {
+		t.Fatalf("%d rows, want 4", n)
+	}
+	if qr, err := q.Quarantined(); err != nil || len(qr) != 0 {
+		t.Fatalf("quarantined %+v, %v; want nothing", qr, err)
+	}
+	b, err := os.ReadFile(LogPath(dir, "", "u2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := applog.Lines(b, 0); len(lines) != 3 {
+		t.Fatalf("u2's log reads as %d lines, want 3: %q", len(lines), b)
+	}
+	for {
+		l, err := q.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(l) == 0 {
+			break
+		}
+		for _, lease := range l {
+			if err := q.Commit(ctx, lease, Outcome{State: envelope.StateSent}); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	now = now.Add(2 * time.Hour)
-	if n, err := q.Prune(ctx); err != nil || n != 1 {
-		t.Fatalf("Prune = %d, %v", n, err)
+	if n, err := q.Prune(ctx); err != nil || n != 4 {
+		t.Fatalf("Prune = %d, %v; want 4", n, err)
 	}
-	if _, err := os.Stat(path); !os.IsNotExist(err) {
-		t.Fatalf("log still there after its last envelope was pruned (stat: %v)", err)
+	for _, user := range []string{"u1", "u2"} {
+		if _, err := os.Stat(LogPath(dir, "", user)); !os.IsNotExist(err) {
+			t.Fatalf("%s's log still there after its last envelope was pruned (stat: %v)", user, err)
+		}
 	}
 	// A record appended past the indexed offset keeps the log.
 	if _, err := q.Enqueue(ctx, faultEnvelope("b", "u1")); err != nil {

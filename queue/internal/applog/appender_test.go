@@ -9,8 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 // rec returns a test record of exactly n bytes, newline included.
@@ -20,19 +18,17 @@ func rec(i, n int) []byte {
 	return []byte(s)
 }
 
-// data returns the log's bytes up to its reserve, and checks that what
-// follows is nothing but spaces.
-func data(t *testing.T, path string) []byte {
+// wantFile checks that the file at path holds exactly parts, one after
+// the other: nothing was written but what was appended.
+func wantFile(t *testing.T, path string, parts ...[]byte) {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := bytes.TrimRight(b, " ")
-	if bytes.ContainsAny(b[len(d):], "\n") {
-		t.Fatalf("reserve holds a newline")
+	if want := bytes.Join(parts, nil); !bytes.Equal(b, want) {
+		t.Fatalf("log holds %d bytes %q,\nwant %d bytes %q", len(b), b, len(want), want)
 	}
-	return d
 }
 
 // wantLines checks that the log reads as exactly these records, each at its
@@ -59,29 +55,32 @@ func wantLines(t *testing.T, a *Appender, rel string, want [][]byte, offs []int6
 	}
 }
 
-// The store's appender overwrites a pre-written reserve: most of its syncs
-// find the file's size unchanged (no journal commit), and every reader
-// still sees exactly the records.
-func TestReserve_AppendsOverwriteTheReserve(t *testing.T) {
+// The store's appender writes nothing but the records it appends, at the
+// end of the file: when each sync runs the file is exactly the records so
+// far, and each append grows it by its record, so that a reader following
+// the file's size (tail -f) sees every record as soon as it is written.
+// (Older builds pre-wrote a reserve of spaces and wrote records over it.)
+func TestAppender_WritesNothingButItsRecords(t *testing.T) {
 	dir := t.TempDir()
 	rel := filepath.Join(Dir, "t", "u.jsonl")
-	sizes := map[int64]int{}
-	syncs := 0
+	path := filepath.Join(dir, rel)
+	var at, want int64 // where the next record goes; the size its sync must see
 	a := NewAppender(dir, func(f *os.File) error {
 		fi, err := f.Stat()
 		if err != nil {
 			return err
 		}
-		sizes[fi.Size()]++
-		syncs++
+		if fi.Size() != want {
+			t.Errorf("syncing a log of %d bytes, want exactly the %d bytes of its records", fi.Size(), want)
+		}
 		return Fdatasync(f)
 	})
 	defer a.Close()
-	var want [][]byte
+	var recs [][]byte
 	var offs []int64
-	var at int64
-	for i := range 200 {
-		r := rec(i, 100)
+	for i := range 50 {
+		r := rec(i, 60+i*7)
+		want = at + int64(len(r))
 		off, _, err := a.Append(rel, r, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -89,22 +88,23 @@ func TestReserve_AppendsOverwriteTheReserve(t *testing.T) {
 		if off != at {
 			t.Fatalf("record %d at %d, want %d", i, off, at)
 		}
-		want, offs = append(want, r), append(offs, off)
 		at += int64(len(r))
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size() != at {
+			t.Fatalf("after record %d the log is %d bytes, want %d", i, fi.Size(), at)
+		}
+		recs, offs = append(recs, r), append(offs, off)
 	}
-	if got := data(t, filepath.Join(dir, rel)); int64(len(got)) != at {
-		t.Fatalf("data %d bytes, want %d", len(got), at)
-	}
-	if syncs != 200 || len(sizes) > 10 {
-		t.Fatalf("%d syncs saw %d different file sizes; want 200 syncs and few sizes (a reserve extended in steps)", syncs, len(sizes))
-	}
-	wantLines(t, a, rel, want, offs)
+	wantFile(t, path, recs...)
+	wantLines(t, a, rel, recs, offs)
 }
 
-// Another process appends after the reserve (ending its "line" first); the
-// store's appender then writes after that append, and nothing reads as a
-// record but the three records.
-func TestReserve_ForeignAppendAfterTheReserve(t *testing.T) {
+// Another process appends between the store's appends; each append goes
+// after the last, and nothing reads as a record but the three records.
+func TestAppender_ForeignAppendBetween(t *testing.T) {
 	dir := t.TempDir()
 	rel := filepath.Join(Dir, "t", "u.jsonl")
 	path := filepath.Join(dir, rel)
@@ -129,18 +129,19 @@ func TestReserve_ForeignAppendAfterTheReserve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if of <= o1 || o2 != of+int64(len(f1)) {
-		t.Fatalf("offsets %d, %d, %d: the store's append must follow the foreign one", o1, of, o2)
+	if o1 != 0 || of != 64 || o2 != 128 {
+		t.Fatalf("offsets %d, %d, %d, want 0, 64, 128", o1, of, o2)
 	}
+	wantFile(t, path, r1, f1, r2)
 	wantLines(t, a, rel, [][]byte{r1, f1, r2}, []int64{o1, of, o2})
 	if !a.Settled(rel) {
 		t.Fatal("not settled after reading")
 	}
 }
 
-// A new appender (a restarted process) continues inside the reserve its
-// predecessor left, right after the last record.
-func TestReserve_RestartContinuesInTheReserve(t *testing.T) {
+// A new appender (a restarted process) appends right after the last
+// record.
+func TestAppender_RestartAppendsAtTheEnd(t *testing.T) {
 	dir := t.TempDir()
 	rel := filepath.Join(Dir, "t", "u.jsonl")
 	path := filepath.Join(dir, rel)
@@ -152,7 +153,6 @@ func TestReserve_RestartContinuesInTheReserve(t *testing.T) {
 		}
 	}
 	a.Close()
-	fi, _ := os.Stat(path)
 	b := NewAppender(dir, Fdatasync)
 	defer b.Close()
 	off, _, err := b.Append(rel, r3, nil)
@@ -162,15 +162,13 @@ func TestReserve_RestartContinuesInTheReserve(t *testing.T) {
 	if off != 128 {
 		t.Fatalf("record after restart at %d, want 128", off)
 	}
-	if fi2, _ := os.Stat(path); fi2.Size() != fi.Size() {
-		t.Fatalf("size %d → %d: the restarted appender did not use the reserve", fi.Size(), fi2.Size())
-	}
+	wantFile(t, path, r1, r2, r3)
 	wantLines(t, b, rel, [][]byte{r1, r2, r3}, []int64{0, 64, 128})
 }
 
-// A writer that died mid-record inside the reserve left a torn line; the
-// next appender ends it (it then reads as a bad line) and writes after it.
-func TestReserve_TornLineInTheReserve(t *testing.T) {
+// A writer that died mid-record left a torn line; the next appender ends
+// it (it then reads as a bad line) and writes after it.
+func TestAppender_TornTail(t *testing.T) {
 	dir := t.TempDir()
 	rel := filepath.Join(Dir, "t", "u.jsonl")
 	path := filepath.Join(dir, rel)
@@ -180,11 +178,11 @@ func TestReserve_TornLineInTheReserve(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Close()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteAt([]byte(`{"half`), 64); err != nil {
+	if _, err := f.Write([]byte(`{"half`)); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
@@ -200,13 +198,13 @@ func TestReserve_TornLineInTheReserve(t *testing.T) {
 	if off != 64+7 {
 		t.Fatalf("record at %d, want %d", off, 64+7)
 	}
+	wantFile(t, path, r1, []byte("{\"half\n"), r2)
 	wantLines(t, b, rel, [][]byte{r1, []byte("{\"half\n"), r2}, []int64{0, 64, 71})
 }
 
-// A failed sync leaves nothing of the record behind, whether it was
-// written into the reserve or extended the file; the next append takes its
-// place.
-func TestReserve_FailedAppendLeavesNothing(t *testing.T) {
+// A failed sync leaves nothing of the record behind; the next append takes
+// its place.
+func TestAppender_FailedAppendLeavesNothing(t *testing.T) {
 	dir := t.TempDir()
 	rel := filepath.Join(Dir, "t", "u.jsonl")
 	path := filepath.Join(dir, rel)
@@ -223,19 +221,13 @@ func TestReserve_FailedAppendLeavesNothing(t *testing.T) {
 	if _, _, err := a.Append(rel, r1, nil); err != nil {
 		t.Fatal(err)
 	}
-	fi, _ := os.Stat(path)
-	for _, n := range []int{64, int(fi.Size())} { // fits the reserve; does not
+	for _, n := range []int{64, 9000} {
 		fail = true
 		if _, _, err := a.Append(rel, rec(9, n), nil); !errors.Is(err, boom) {
 			t.Fatalf("append of %d bytes with a failing sync: err = %v", n, err)
 		}
 		fail = false
-		if got := data(t, path); string(got) != string(r1) {
-			t.Fatalf("after a failed append of %d bytes the log holds %q", n, got)
-		}
-		if fi2, _ := os.Stat(path); fi2.Size() != fi.Size() {
-			t.Fatalf("failed append of %d bytes changed the size %d → %d", n, fi.Size(), fi2.Size())
-		}
+		wantFile(t, path, r1)
 	}
 	r2 := rec(2, 64)
 	if off, _, err := a.Append(rel, r2, nil); err != nil || off != 64 {
@@ -244,7 +236,113 @@ func TestReserve_FailedAppendLeavesNothing(t *testing.T) {
 	wantLines(t, a, rel, [][]byte{r1, r2}, []int64{0, 64})
 }
 
-func TestOnlyReserve(t *testing.T) {
+// A log written by an older build ends in its reserve: spaces without a
+// newline after the last record (and, where that build's reserve was ended
+// by another appender, a line of spaces, and records with leading spaces).
+// It reads as its records; the store's appender and the foreign path both
+// append after the padding, ending it with a newline first, and no record
+// is lost or changed.
+func TestOldReserve_ReadsAndAppends(t *testing.T) {
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	path := filepath.Join(dir, rel)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r1, r2, r3, f4, r5 := rec(1, 64), rec(2, 64), rec(3, 64), rec(4, 64), rec(5, 64)
+	ended := append(bytes.Repeat([]byte(" "), 300), '\n') // a reserve another appender ended
+	lead := bytes.Repeat([]byte(" "), 5)                  // a record after an abandoned reserve
+	pad := bytes.Repeat([]byte(" "), 4096-64-len(ended)-len(lead)-64)
+	old := bytes.Join([][]byte{r1, ended, lead, r2, pad}, nil)
+	if err := os.WriteFile(path, old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o2 := int64(64 + len(ended) + len(lead))
+	idx := o2 + 64 // where the old build's reader stopped: after r2
+	a := NewAppender(dir, Fdatasync)
+	wantLines(t, a, rel, [][]byte{r1, r2}, []int64{0, o2})
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if idle, err := NothingPast(f, idx); err != nil || !idle {
+		t.Fatalf("NothingPast(the end of r2) = %v, %v on an old log's padding, want true", idle, err)
+	}
+	f.Close()
+
+	o3, _, err := a.Append(rel, r3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len(old)) + 1; o3 != want {
+		t.Fatalf("record after the padding at %d, want %d (after the newline that ends it)", o3, want)
+	}
+	o4, err := AppendLocked(path, f4, Fdatasync)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	b := NewAppender(dir, Fdatasync)
+	defer b.Close()
+	o5, _, err := b.Append(rel, r5, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o4 != o3+64 || o5 != o4+64 {
+		t.Fatalf("offsets %d, %d, %d: each append must follow the last", o3, o4, o5)
+	}
+	wantFile(t, path, old, []byte("\n"), r3, f4, r5)
+	all := [][]byte{r1, r2, r3, f4, r5}
+	offs := []int64{0, o2, o3, o4, o5}
+	wantLines(t, b, rel, all, offs)
+
+	// A reader that stopped at the end of r2 (a store's index) reads the
+	// new records at their offsets, and nothing else.
+	got, err := b.ReadComplete(rel, idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := Lines(got, idx)
+	if len(lines) != 3 {
+		t.Fatalf("%d lines past the old end, want 3: %q", len(lines), got)
+	}
+	for i, ln := range lines {
+		if string(ln.Data)+"\n" != string(all[2+i]) || ln.Off != offs[2+i] {
+			t.Fatalf("line %d past the old end = %q at %d, want %q at %d", i, ln.Data, ln.Off, all[2+i], offs[2+i])
+		}
+	}
+}
+
+// A writer of an older build that died mid-record inside its reserve left
+// a torn line followed by spaces; the next append ends that line (a bad
+// line for the reader's quarantine) and writes after it.
+func TestOldReserve_TornLineInThePadding(t *testing.T) {
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	path := filepath.Join(dir, rel)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r1, r2 := rec(1, 64), rec(2, 64)
+	torn := append([]byte(`{"half`), bytes.Repeat([]byte(" "), 1000)...)
+	if err := os.WriteFile(path, append(append([]byte(nil), r1...), torn...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := NewAppender(dir, Fdatasync)
+	defer a.Close()
+	wantLines(t, a, rel, [][]byte{r1}, []int64{0})
+	off, _, err := a.Append(rel, r2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(64 + len(torn) + 1); off != want {
+		t.Fatalf("record at %d, want %d", off, want)
+	}
+	wantFile(t, path, r1, torn, []byte("\n"), r2)
+	wantLines(t, a, rel, [][]byte{r1, append(torn, '\n'), r2}, []int64{0, 64, off})
+}
+
+func TestNothingPast(t *testing.T) {
 	dir := t.TempDir()
 	rel := filepath.Join(Dir, "t", "u.jsonl")
 	path := filepath.Join(dir, rel)
@@ -258,43 +356,74 @@ func TestOnlyReserve(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	for _, c := range []struct {
-		off  int64
-		want bool
-	}{{64, true}, {63, false}, {0, false}} {
-		if got, err := OnlyReserve(f, c.off); err != nil || got != c.want {
-			t.Errorf("OnlyReserve(%d) = %v, %v; want %v", c.off, got, err, c.want)
+	check := func(what string, cases map[int64]bool) {
+		t.Helper()
+		for off, want := range cases {
+			if got, err := NothingPast(f, off); err != nil || got != want {
+				t.Errorf("%s: NothingPast(%d) = %v, %v; want %v", what, off, got, err, want)
+			}
 		}
 	}
-	if _, err := f.WriteAt([]byte("{"), 100); err != nil {
+	check("records only", map[int64]bool{64: true, 63: false, 0: false, 65: false})
+	if _, err := f.WriteAt(bytes.Repeat([]byte(" "), 20000), 64); err != nil { // an older build's padding
 		t.Fatal(err)
 	}
-	if got, _ := OnlyReserve(f, 64); got {
-		t.Error("OnlyReserve with a torn line after the records = true")
+	check("padded", map[int64]bool{64: true, 63: false, 0: false})
+	if _, err := f.WriteAt([]byte("{"), 19000); err != nil {
+		t.Fatal(err)
+	}
+	check("a torn line in the padding", map[int64]bool{64: false})
+}
+
+// Withdraw cuts a failed batch's append back, only while nothing was
+// appended after it; the next append takes its place.
+func TestAppender_Withdraw(t *testing.T) {
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	path := filepath.Join(dir, rel)
+	a := NewAppender(dir, Fdatasync)
+	defer a.Close()
+	r1, r2, r3, f4 := rec(1, 64), rec(2, 64), rec(3, 64), rec(4, 64)
+	for _, r := range [][]byte{r1, r2} {
+		if _, _, err := a.Append(rel, r, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !a.Withdraw(rel, 64, 128) {
+		t.Fatal("Withdraw of the last append refused")
+	}
+	wantFile(t, path, r1)
+	if off, _, err := a.Append(rel, r3, nil); err != nil || off != 64 {
+		t.Fatalf("append after Withdraw at %d, %v; want 64", off, err)
+	}
+	if _, err := AppendLocked(path, f4, Fdatasync); err != nil {
+		t.Fatal(err)
+	}
+	if a.Withdraw(rel, 64, 128) {
+		t.Fatal("Withdraw cut a log another append had grown")
+	}
+	wantFile(t, path, r1, r3, f4)
+	if a.Withdraw(filepath.Join(Dir, "t", "missing.jsonl"), 0, 64) {
+		t.Fatal("Withdraw of a missing log reported a cut")
 	}
 }
 
 // BenchmarkAppend compares one durable 1 KiB append by the store's
-// appender writing into its reserve with the same appender appending at
-// the end of the file (no reserve: every fdatasync commits the journal),
-// and with the foreign-appender path (open, lock, append, fdatasync, close).
+// appender (cached descriptor, group commit) with the foreign-appender
+// path (open, lock, append, fdatasync, close).
 func BenchmarkAppend(b *testing.B) {
 	r := rec(1, 1024)
-	for _, mode := range []string{"reserve", "append"} {
-		b.Run(mode, func(b *testing.B) {
-			noReserve = mode == "append"
-			defer func() { noReserve = false }()
-			dir := b.TempDir()
-			a := NewAppender(dir, Fdatasync)
-			defer a.Close()
-			rel := filepath.Join(Dir, "t", "u.jsonl")
-			for b.Loop() {
-				if _, _, err := a.Append(rel, r, nil); err != nil {
-					b.Fatal(err)
-				}
+	b.Run("store", func(b *testing.B) {
+		dir := b.TempDir()
+		a := NewAppender(dir, Fdatasync)
+		defer a.Close()
+		rel := filepath.Join(Dir, "t", "u.jsonl")
+		for b.Loop() {
+			if _, _, err := a.Append(rel, r, nil); err != nil {
+				b.Fatal(err)
 			}
-		})
-	}
+		}
+	})
 	b.Run("foreign", func(b *testing.B) {
 		path := filepath.Join(b.TempDir(), Dir, "t", "u.jsonl")
 		for b.Loop() {
@@ -307,8 +436,7 @@ func BenchmarkAppend(b *testing.B) {
 
 // With more logs than descriptors to cache, the least recently used idle
 // log is closed to open another, and a log reopened that way goes on
-// writing into its reserve (it used to be appended to past the reserve,
-// without one, once the cache was full).
+// appending right after its last record.
 func TestAppender_EvictsTheLeastRecentlyUsedLog(t *testing.T) {
 	orig := maxOpen
 	t.Cleanup(func() { maxOpen = orig })
@@ -317,13 +445,6 @@ func TestAppender_EvictsTheLeastRecentlyUsedLog(t *testing.T) {
 	a := NewAppender(dir, func(*os.File) error { return nil })
 	defer a.Close()
 	rels := []string{filepath.Join(Dir, "t", "u1.jsonl"), filepath.Join(Dir, "t", "u2.jsonl"), filepath.Join(Dir, "t", "u3.jsonl")}
-	size := func(rel string) int64 {
-		fi, err := os.Stat(filepath.Join(dir, rel))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return fi.Size()
-	}
 	want := map[string][][]byte{}
 	var offs = map[string][]int64{}
 	app := func(rel string, i int) {
@@ -339,7 +460,6 @@ func TestAppender_EvictsTheLeastRecentlyUsedLog(t *testing.T) {
 	for i, rel := range rels {
 		app(rel, i)
 	}
-	first := size(rels[0])
 	open := func() (names []string) {
 		a.mu.Lock()
 		defer a.mu.Unlock()
@@ -361,10 +481,8 @@ func TestAppender_EvictsTheLeastRecentlyUsedLog(t *testing.T) {
 	for i := 3; i < 30; i++ {
 		app(rels[i%3], i) // each append reopens a log closed by the last
 	}
-	if got := size(rels[0]); got != first {
-		t.Errorf("u1 grew from %d to %d bytes: its records went past its reserve", first, got)
-	}
 	for _, rel := range rels {
+		wantFile(t, filepath.Join(dir, rel), want[rel]...)
 		wantLines(t, a, rel, want[rel], offs[rel])
 	}
 	if got := len(open()); got != 2 {
@@ -372,31 +490,10 @@ func TestAppender_EvictsTheLeastRecentlyUsedLog(t *testing.T) {
 	}
 }
 
-// The descriptor cache is sized from the open-file limit: an eighth of it,
-// between 64 and 4096.
-func TestOpenBudget_FollowsTheFileLimit(t *testing.T) {
-	var orig unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Setrlimit(unix.RLIMIT_NOFILE, &orig) })
-	for _, c := range []struct{ cur, want uint64 }{{1024, 128}, {256, 64}, {orig.Max, min(max(orig.Max/8, 64), 4096)}} {
-		if c.cur > orig.Max {
-			continue
-		}
-		lim := unix.Rlimit{Cur: c.cur, Max: orig.Max}
-		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-			t.Fatal(err)
-		}
-		if got := openBudget(); uint64(got) != c.want {
-			t.Errorf("open-file limit %d: budget %d, want %d", c.cur, got, c.want)
-		}
-	}
-}
-
 // An appender that has touched many logs remembers a bounded number of
 // them: it forgets the least recently used ones nobody holds, and a log it
-// forgot is still appended to in its reserve, and read right.
+// forgot is still appended to right after its last record, and read
+// right.
 func TestAppender_ForgetsIdleLogs(t *testing.T) {
 	origOpen, origGroups := maxOpen, maxGroups
 	t.Cleanup(func() { maxOpen, maxGroups = origOpen, origGroups })
@@ -416,7 +513,6 @@ func TestAppender_ForgetsIdleLogs(t *testing.T) {
 	}
 	want := map[int][][]byte{}
 	offs := map[int][]int64{}
-	sizes := map[int]int64{}
 	for round := range 2 {
 		for i := range n {
 			r := rec(round*n+i, 100)
@@ -426,26 +522,13 @@ func TestAppender_ForgetsIdleLogs(t *testing.T) {
 			}
 			want[i] = append(want[i], r)
 			offs[i] = append(offs[i], off)
-			if round == 0 {
-				fi, err := os.Stat(filepath.Join(dir, rel(i)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				sizes[i] = fi.Size()
-			}
 		}
 		if got := remembered(); got > maxGroups {
 			t.Fatalf("round %d: %d logs remembered after appending to %d, want at most %d", round, got, n, maxGroups)
 		}
 	}
 	for i := range n {
-		fi, err := os.Stat(filepath.Join(dir, rel(i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if fi.Size() != sizes[i] {
-			t.Errorf("log %d grew from %d to %d bytes: the second record went past the reserve", i, sizes[i], fi.Size())
-		}
+		wantFile(t, filepath.Join(dir, rel(i)), want[i]...)
 		wantLines(t, a, rel(i), want[i], offs[i])
 	}
 	if got := remembered(); got > maxGroups {
@@ -453,50 +536,9 @@ func TestAppender_ForgetsIdleLogs(t *testing.T) {
 	}
 }
 
-// Large writes (a group commit of many producers' records) earn a reserve
-// with room for a few more like them: the log does not change size at
-// every sync once its reserve is smaller than a batch.
-func TestReserve_LargeWritesEarnALargerReserve(t *testing.T) {
-	dir := t.TempDir()
-	rel := filepath.Join(Dir, "t", "u.jsonl")
-	var sizes []int64
-	a := NewAppender(dir, func(f *os.File) error {
-		size, _, err := fileSize(f)
-		sizes = append(sizes, size)
-		return err
-	})
-	defer a.Close()
-	var want [][]byte
-	var offs []int64
-	for i := range 40 {
-		var batch []byte
-		for j := range 16 {
-			batch = append(batch, rec(i*16+j, 1100)...)
-		}
-		off, _, err := a.Append(rel, batch, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for j := range 16 {
-			want = append(want, rec(i*16+j, 1100))
-			offs = append(offs, off+int64(j*1100))
-		}
-	}
-	changed := 0
-	for i := range sizes {
-		if i == 0 || sizes[i] != sizes[i-1] {
-			changed++
-		}
-	}
-	if changed > 12 {
-		t.Errorf("%d of %d syncs of 17 KiB batches followed a size change, want at most 12", changed, len(sizes))
-	}
-	wantLines(t, a, rel, want, offs)
-}
-
 // Many goroutines appending to more logs than the appender keeps open or
 // remembers: every record lands once, whole, at the offset reported, in
-// the reserve of its own log.
+// its own log, which holds nothing else.
 func TestAppender_ConcurrentAppendsWithEvictions(t *testing.T) {
 	origOpen, origGroups := maxOpen, maxGroups
 	t.Cleanup(func() { maxOpen, maxGroups = origOpen, origGroups })
@@ -572,6 +614,15 @@ func TestAppender_ConcurrentAppendsWithEvictions(t *testing.T) {
 			if at[p.off] != string(p.rec) {
 				t.Fatalf("%s: at %d reads %q, want %q", rel, p.off, at[p.off], p.rec)
 			}
+		}
+		n := int64(0)
+		for _, p := range ps {
+			n += int64(len(p.rec))
+		}
+		if fi, err := os.Stat(filepath.Join(dir, rel)); err != nil {
+			t.Fatal(err)
+		} else if fi.Size() != n {
+			t.Fatalf("%s: %d bytes, want the %d bytes of its records", rel, fi.Size(), n)
 		}
 		total += len(ps)
 	}
