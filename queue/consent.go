@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"slices"
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
@@ -101,4 +103,40 @@ func (c *Consent) Allows(found bool, e *envelope.Envelope) (bool, envelope.Error
 // telegram that chat.
 func SuppressionFor(e *envelope.Envelope, reason envelope.ErrorClass, at time.Time) Suppression {
 	return Suppression{Channel: e.Channel, Target: TargetOf(e), Reason: reason, At: at}
+}
+
+// Add adds suppression s to c unless c already has one for the same
+// channel and target.
+func (c *Consent) Add(s Suppression) {
+	for _, x := range c.Suppressions {
+		if x.Channel == s.Channel && x.Target == s.Target {
+			return
+		}
+	}
+	c.Suppressions = append(c.Suppressions, s)
+}
+
+// Resubscribed lifts a suppression of the push endpoint (left by an
+// earlier 404/410): the browser subscribed again. It reports whether c
+// changed.
+func (c *Consent) Resubscribed(endpoint string) bool {
+	target := TargetOfValue("push:" + endpoint)
+	n := len(c.Suppressions)
+	c.Suppressions = slices.DeleteFunc(c.Suppressions, func(s Suppression) bool {
+		return s.Channel == envelope.ChannelPush && s.Target == target
+	})
+	return len(c.Suppressions) != n
+}
+
+// EmailSuppression is the suppression of one e-mail address.
+func EmailSuppression(address string, reason envelope.ErrorClass, at time.Time) Suppression {
+	return Suppression{Channel: envelope.ChannelEmail, Target: TargetOfValue("email:" + address), Reason: reason, At: at}
+}
+
+// CheckSubscription reports what a push subscription to be saved lacks.
+func CheckSubscription(sub envelope.PushSubscription) error {
+	if sub.Endpoint == "" || sub.Keys.P256dh == "" || sub.Keys.Auth == "" {
+		return errors.New("queue: push subscription needs endpoint, keys.p256dh and keys.auth")
+	}
+	return nil
 }

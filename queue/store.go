@@ -9,9 +9,11 @@ import (
 	"github.com/outboxhq/outbox/envelope"
 )
 
-// Store is the storage contract of the queue (SPEC §3, §4, §5). The bbolt
-// store returned by Open and the in-memory store in queue/memstore implement
-// it, and both pass the shared contract suite in queue/queuetest.
+// Store is the storage contract of the queue (SPEC §3, §4, §5). The file
+// store (queue/filestore: logs indexed in bbolt) and the in-memory store
+// (queue/memstore) implement it; both pass the contract suite and the
+// differential test in queue/queuetest, and both compute every row change
+// with the state machine in this package (machine.go).
 //
 // Every method that takes a tenant works on that tenant's rows only; an id
 // that exists only in another tenant is ErrNotFound. Use Scope for a handle
@@ -113,8 +115,28 @@ type Store interface {
 	// number of envelopes pruned.
 	Prune(ctx context.Context) (int, error)
 
+	// SaveSubscription stores a browser push subscription for a user
+	// (replacing one with the same endpoint) and lifts a suppression of
+	// that endpoint left by an earlier 404/410: the browser subscribed
+	// again (see Resubscribed).
+	SaveSubscription(ctx context.Context, tenant, user string, sub envelope.PushSubscription) error
+	// DeleteSubscription removes a user's push subscription by endpoint;
+	// ErrNotFound when there is none.
+	DeleteSubscription(ctx context.Context, tenant, user, endpoint string) error
+	// Subscriptions lists a user's push subscriptions.
+	Subscriptions(ctx context.Context, tenant, user string) ([]Subscription, error)
+	// SuppressEmail suppresses an address for every user of the tenant that
+	// has it (a bounce or complaint the e-mail service reported later).
+	SuppressEmail(ctx context.Context, tenant, address string, reason envelope.ErrorClass) error
+
 	// Close releases the store. It is idempotent.
 	Close() error
+}
+
+// Subscription is a browser push subscription saved for a user.
+type Subscription struct {
+	Sub     envelope.PushSubscription `json:"subscription"`
+	Created time.Time                 `json:"created_at"`
 }
 
 // Errors returned by stores.

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/outboxhq/outbox/queue/filestore"
+
 	"github.com/outboxhq/outbox/queue"
 )
 
@@ -29,9 +31,9 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		return fail(e, "no data directory %s", *data)
 	}
 	sockUp := socketUp(*data)
-	idx := filepath.Join(*data, queue.IndexFile)
+	idx := filepath.Join(*data, filestore.IndexFile)
 	_, statErr := os.Stat(idx)
-	var rep *queue.Report
+	var rep *filestore.Report
 	var err error
 	switch {
 	case *rebuild && sockUp:
@@ -44,7 +46,7 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		defer closeFn()
 		rep, err = b.Check(ctx)
 	case !*rebuild && statErr == nil:
-		rep, err = queue.Check(*data)
+		rep, err = filestore.Check(*data)
 	}
 	if err != nil {
 		return fail(e, "%v", err)
@@ -59,12 +61,12 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 			why = "the index cannot be read (" + rep.Problems[0] + ")"
 		}
 		fmt.Fprintf(e.Stdout, "rebuilding the index from the logs: %s\n", why)
-		n, err := queue.Rebuild(*data, nil)
+		n, err := filestore.Rebuild(*data, nil)
 		if err != nil {
 			return fail(e, "rebuild: %v", err)
 		}
 		fmt.Fprintf(e.Stdout, "rebuilt: %d envelopes indexed; rows of unknown fate are unresolved (outbox ls --state unresolved)\n", n)
-		if rep, err = queue.Check(*data); err != nil {
+		if rep, err = filestore.Check(*data); err != nil {
 			return fail(e, "%v", err)
 		}
 	}
@@ -86,7 +88,7 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 	return exitOK
 }
 
-func isOpenFailure(rep *queue.Report) bool {
+func isOpenFailure(rep *filestore.Report) bool {
 	for _, p := range rep.Problems {
 		if len(p) >= 5 && (p[:5] == "index") {
 			return true
@@ -126,7 +128,7 @@ func runCompact(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.Stdout, "pruned %d envelopes (outbox serve is running: stop it to compact the index file)\n", n)
 		return exitOK
 	}
-	q, err := queue.Open(*data, &queue.Options{Retention: *retention, DisableWatcher: true, RescanInterval: -1})
+	q, err := filestore.Open(*data, &filestore.Options{Options: queue.Options{Retention: *retention}, DisableWatcher: true, RescanInterval: -1})
 	if err != nil {
 		return fail(e, "%v", err)
 	}
@@ -135,7 +137,7 @@ func runCompact(ctx context.Context, e *env, args []string) int {
 	if err != nil {
 		return fail(e, "%v", err)
 	}
-	before, after, err := queue.CompactFile(*data)
+	before, after, err := filestore.CompactFile(*data)
 	if err != nil {
 		return fail(e, "%v", err)
 	}
@@ -156,6 +158,6 @@ func runPath(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintln(e.Stderr, "Error: --user is required")
 		return exitUsage
 	}
-	fmt.Fprintln(e.Stdout, queue.LogPath(*data, *tenant, *user))
+	fmt.Fprintln(e.Stdout, filestore.LogPath(*data, *tenant, *user))
 	return exitOK
 }

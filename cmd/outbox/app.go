@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/outboxhq/outbox/queue/filestore"
+
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/channels/resend"
 	"github.com/outboxhq/outbox/channels/sink"
@@ -50,7 +52,7 @@ type appConfig struct {
 
 // app is the wired delivery stack.
 type app struct {
-	q         *queue.Queue
+	q         *filestore.Queue
 	r         *render.Renderer
 	unsub     *httpapi.Unsubscriber
 	providers map[envelope.Channel]channels.Provider
@@ -167,11 +169,7 @@ func buildApp(e *env, c appConfig) (*app, error) {
 
 	// Claims of channels whose provider redelivers idempotently skip their
 	// fsync (see queue.Options.UnsyncedClaims).
-	a.q, err = queue.Open(c.Data, &queue.Options{
-		Logger: c.Logger.With("component", "queue"), Registerer: reg, Backoff: c.Backoff,
-		Retention: c.Retention, RescanInterval: c.Rescan, NoSync: c.Relaxed,
-		UnsyncedClaims: idempotentChannels(a.providers),
-	})
+	a.q, err = filestore.Open(c.Data, &filestore.Options{Options: queue.Options{Logger: c.Logger.With("component", "queue"), Registerer: reg, Backoff: c.Backoff, Retention: c.Retention}, RescanInterval: c.Rescan, NoSync: c.Relaxed, UnsyncedClaims: idempotentChannels(a.providers)})
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +222,7 @@ func (a *app) close() error {
 }
 
 // runPruner prunes terminal rows past retention every interval until ctx ends.
-func runPruner(ctx context.Context, q *queue.Queue, every time.Duration, log *slog.Logger) {
+func runPruner(ctx context.Context, q *filestore.Queue, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

@@ -20,6 +20,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/outboxhq/outbox/queue/filestore"
+
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -234,7 +236,7 @@ func cpuTime() time.Duration {
 }
 
 type benchStore struct {
-	q   *queue.Queue
+	q   *filestore.Queue
 	dir string
 }
 
@@ -265,10 +267,7 @@ func openBenchStore(o benchOpts) (*benchStore, error) {
 	// The store as `outbox serve` runs it: the tailer watches the logs, and
 	// claims skip their fsync for the no-op provider's channel, whose
 	// provider redelivers idempotently (see idempotentChannels).
-	q, err := queue.Open(dir, &queue.Options{
-		NoSync: o.relaxed, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		UnsyncedClaims: []envelope.Channel{envelope.ChannelTelegram},
-	})
+	q, err := filestore.Open(dir, &filestore.Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, NoSync: o.relaxed, UnsyncedClaims: []envelope.Channel{envelope.ChannelTelegram}})
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -279,7 +278,7 @@ func openBenchStore(o benchOpts) (*benchStore, error) {
 func (b *benchStore) close() { b.q.Close(); os.RemoveAll(b.dir) }
 
 // send enqueues n envelopes from producers goroutines (closed loop).
-func benchSend(ctx context.Context, q *queue.Queue, o benchOpts, producers int, prefix string, m phaseStats) error {
+func benchSend(ctx context.Context, q *filestore.Queue, o benchOpts, producers int, prefix string, m phaseStats) error {
 	var next atomic.Int64
 	lats := make([][]time.Duration, producers)
 	var wg sync.WaitGroup
@@ -320,7 +319,7 @@ func benchSend(ctx context.Context, q *queue.Queue, o benchOpts, producers int, 
 	return nil
 }
 
-func benchWorker(q *queue.Queue, p *benchProvider, slots int) (*worker.Worker, error) {
+func benchWorker(q *filestore.Queue, p *benchProvider, slots int) (*worker.Worker, error) {
 	r, err := render.New(nil)
 	if err != nil {
 		return nil, err
@@ -333,7 +332,7 @@ func benchWorker(q *queue.Queue, p *benchProvider, slots int) (*worker.Worker, e
 }
 
 // benchDrain runs the worker until every envelope was delivered.
-func benchDrain(ctx context.Context, q *queue.Queue, o benchOpts, slots int, prefix string, m phaseStats, dups *float64) error {
+func benchDrain(ctx context.Context, q *filestore.Queue, o benchOpts, slots int, prefix string, m phaseStats, dups *float64) error {
 	p := newBenchProvider()
 	w, err := benchWorker(q, p, slots)
 	if err != nil {
@@ -383,7 +382,7 @@ func benchDrain(ctx context.Context, q *queue.Queue, o benchOpts, slots int, pre
 }
 
 // benchE2E measures enqueue → provider call with an idle worker waiting.
-func benchE2E(ctx context.Context, q *queue.Queue, o benchOpts, slots int, prefix string, base int, m phaseStats, dups *float64) error {
+func benchE2E(ctx context.Context, q *filestore.Queue, o benchOpts, slots int, prefix string, base int, m phaseStats, dups *float64) error {
 	p := newBenchProvider()
 	p.notify = make(chan benchHit, o.e2eN+16)
 	w, err := benchWorker(q, p, slots)

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxhq/outbox/queue/filestore"
+
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 )
@@ -163,7 +165,7 @@ func TestDrill_Kill(t *testing.T) {
 	if out, code := outbox(t, bin, "doctor", "--data", data); code != 0 {
 		t.Fatalf("doctor after the drill: %s", out)
 	}
-	q, err := queue.Open(data, &queue.Options{DisableWatcher: true, RescanInterval: -1})
+	q, err := filestore.Open(data, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,8 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/outboxhq/outbox/queue/filestore"
+
 	"github.com/outboxhq/outbox/envelope"
-	"github.com/outboxhq/outbox/queue"
 )
 
 func init() {
@@ -59,8 +60,8 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 		}
 		keys[i] = envelope.Key{Tenant: env.TenantID, EnvelopeID: env.ID}
 	}
-	known, err := queue.Known(*data, keys)
-	if errors.Is(err, queue.ErrStoreBusy) {
+	known, err := filestore.Known(*data, keys)
+	if errors.Is(err, filestore.ErrStoreBusy) {
 		known = nil // serve has the store: it dedupes when it indexes
 	} else if err != nil {
 		return fail(e, "read the index: %v", err)
@@ -78,7 +79,7 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 	if len(fresh) == 0 {
 		return exitOK
 	}
-	if err := queue.Append(*data, fresh...); err != nil {
+	if err := filestore.Append(*data, fresh...); err != nil {
 		return fail(e, "%v", err)
 	}
 	for _, env := range fresh {

@@ -15,6 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/outboxhq/outbox/queue/filestore"
+
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 )
@@ -31,14 +33,14 @@ type backend interface {
 	SetConsent(ctx context.Context, tenant, user string, f queue.ConsentFlags) error
 	Erase(ctx context.Context, tenant, user string) error
 	Counts(ctx context.Context, tenant string) (queue.Counts, error)
-	Quarantined(ctx context.Context) ([]queue.QuarantineRecord, error)
-	Check(ctx context.Context) (*queue.Report, error)
+	Quarantined(ctx context.Context) ([]filestore.QuarantineRecord, error)
+	Check(ctx context.Context) (*filestore.Report, error)
 	Prune(ctx context.Context) (int, error)
 	Close() error
 }
 
 // directBackend serves the commands from a store opened in this process.
-type directBackend struct{ q *queue.Queue }
+type directBackend struct{ q *filestore.Queue }
 
 func (d *directBackend) List(ctx context.Context, f queue.ListFilter) (*queue.Page, error) {
 	return d.q.List(ctx, f)
@@ -62,12 +64,12 @@ func (d *directBackend) Erase(ctx context.Context, t, u string) error { return d
 func (d *directBackend) Counts(ctx context.Context, t string) (queue.Counts, error) {
 	return d.q.Counts(ctx, t)
 }
-func (d *directBackend) Quarantined(context.Context) ([]queue.QuarantineRecord, error) {
+func (d *directBackend) Quarantined(context.Context) ([]filestore.QuarantineRecord, error) {
 	return d.q.Quarantined()
 }
-func (d *directBackend) Check(context.Context) (*queue.Report, error) { return d.q.Check() }
-func (d *directBackend) Prune(ctx context.Context) (int, error)       { return d.q.Prune(ctx) }
-func (d *directBackend) Close() error                                 { return nil }
+func (d *directBackend) Check(context.Context) (*filestore.Report, error) { return d.q.Check() }
+func (d *directBackend) Prune(ctx context.Context) (int, error)           { return d.q.Prune(ctx) }
+func (d *directBackend) Close() error                                     { return nil }
 
 // opRequest is one call over the operator socket.
 type opRequest struct {
@@ -192,12 +194,12 @@ func (s *socketBackend) Counts(ctx context.Context, t string) (queue.Counts, err
 	c := queue.Counts{}
 	return c, s.call(ctx, "counts", opRequest{Tenant: t}, &c)
 }
-func (s *socketBackend) Quarantined(ctx context.Context) ([]queue.QuarantineRecord, error) {
-	var q []queue.QuarantineRecord
+func (s *socketBackend) Quarantined(ctx context.Context) ([]filestore.QuarantineRecord, error) {
+	var q []filestore.QuarantineRecord
 	return q, s.call(ctx, "quarantine", opRequest{}, &q)
 }
-func (s *socketBackend) Check(ctx context.Context) (*queue.Report, error) {
-	var r queue.Report
+func (s *socketBackend) Check(ctx context.Context) (*filestore.Report, error) {
+	var r filestore.Report
 	return &r, s.call(ctx, "check", opRequest{}, &r)
 }
 func (s *socketBackend) Prune(ctx context.Context) (int, error) {
@@ -218,10 +220,10 @@ func openBackend(dir string) (backend, func(), error) {
 		}}, Timeout: 30 * time.Second}
 		return &socketBackend{c: c}, func() {}, nil
 	}
-	if _, err := os.Stat(filepath.Join(dir, queue.IndexFile)); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, filestore.IndexFile)); err != nil {
 		return nil, nil, fmt.Errorf("no store in %s (run outbox serve or outbox demo first, or pass --data)", dir)
 	}
-	q, err := queue.Open(dir, &queue.Options{DisableWatcher: true, RescanInterval: -1})
+	q, err := filestore.Open(dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxhq/outbox/queue/filestore"
+
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/httpapi"
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,7 +55,7 @@ func addServeFlags(s *settings) *serveFlags {
 	f.backoffBase = s.duration("backoff-base", "OUTBOX_BACKOFF_BASE", queue.DefaultBackoffBase, "first retry delay")
 	f.backoffCap = s.duration("backoff-cap", "OUTBOX_BACKOFF_CAP", queue.DefaultBackoffCap, "longest retry delay")
 	f.retention = s.duration("retention", "OUTBOX_RETENTION", queue.DefaultRetention, "how long terminal rows are kept")
-	f.rescan = s.duration("rescan", "OUTBOX_RESCAN_INTERVAL", queue.DefaultRescanInterval, "how often every log is rescanned for missed appends")
+	f.rescan = s.duration("rescan", "OUTBOX_RESCAN_INTERVAL", filestore.DefaultRescanInterval, "how often every log is rescanned for missed appends")
 	f.relaxed = s.boolean("relaxed-durability", "OUTBOX_RELAXED_DURABILITY", false, "skip fsync (a machine crash can lose acknowledged envelopes)")
 	f.templates = s.str("templates", "OUTBOX_TEMPLATES", "", "directory of template overrides")
 	f.subscriber = s.str("vapid-subject", "OUTBOX_VAPID_SUBJECT", "", "VAPID contact: an e-mail address or https URL (push)")
@@ -153,7 +155,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a, err := buildApp(e, f.appConfig(log, reg, public))
 	if err != nil {
-		var inUse *queue.StoreInUseError
+		var inUse *filestore.StoreInUseError
 		if errors.As(err, &inUse) {
 			return fail(e, "%v", err)
 		}

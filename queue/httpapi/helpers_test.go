@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxhq/outbox/queue/filestore"
+
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 )
@@ -65,7 +67,7 @@ func (s *syncBuffer) String() string {
 type fixture struct {
 	t     testing.TB
 	dir   string
-	q     *queue.Queue
+	q     *filestore.Queue
 	cfg   Config
 	h     http.Handler
 	clock *clock
@@ -79,9 +81,7 @@ func newFixture(t testing.TB, mut ...func(*Config)) *fixture {
 	t.Helper()
 	f := &fixture{t: t, dir: t.TempDir(), clock: &clock{t: t0}, logs: &syncBuffer{}}
 	logger := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	q, err := queue.Open(f.dir, &queue.Options{
-		Now: f.clock.Now, Logger: logger, NoSync: true, DisableWatcher: true, RescanInterval: -1,
-	})
+	q, err := filestore.Open(f.dir, &filestore.Options{Options: queue.Options{Now: f.clock.Now, Logger: logger}, NoSync: true, DisableWatcher: true, RescanInterval: -1})
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}

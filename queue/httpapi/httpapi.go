@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"bytes"
-	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -36,30 +35,10 @@ const (
 	maxSeamLeases = 10_000
 )
 
-// Store is what the handlers need of a store: the queue.Store methods they
-// call and the push-subscription methods. *queue.Queue satisfies it.
-type Store interface {
-	Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queue.EnqueueResult, error)
-	Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error)
-	Commit(ctx context.Context, lease *queue.Lease, out queue.Outcome) error
-	Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStatus, error)
-	List(ctx context.Context, f queue.ListFilter) (*queue.Page, error)
-	Counts(ctx context.Context, tenant string) (queue.Counts, error)
-	Requeue(ctx context.Context, tenant, id string) error
-	Resolve(ctx context.Context, tenant, id string, as envelope.State) error
-	Consent(ctx context.Context, tenant, userID string) (queue.Consent, error)
-	SetConsent(ctx context.Context, tenant, userID string, c queue.ConsentFlags) error
-	Suppress(ctx context.Context, tenant, userID string, s queue.Suppression) error
-	SaveSubscription(ctx context.Context, tenant, user string, sub envelope.PushSubscription) error
-	DeleteSubscription(ctx context.Context, tenant, user, endpoint string) error
-}
-
-var _ Store = (*queue.Queue)(nil)
-
 // Config configures the handler returned by New.
 type Config struct {
 	// Store is the queue the handlers work on (required).
-	Store Store
+	Store queue.Store
 	// Token is INTERNAL_OUTBOX_TOKEN, the bearer token of /v1 and
 	// /internal (at least MinTokenBytes long). When it is "", those routes
 	// are not served (404); `outbox serve` then refuses to listen on

@@ -122,7 +122,7 @@ func TestRedaction_Canaries(t *testing.T) {
 
 // failingStore returns errors (and panics) whose text holds a canary.
 type failingStore struct {
-	Store
+	queue.Store
 }
 
 func (failingStore) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStatus, error) {
@@ -198,7 +198,7 @@ func TestRedaction_AbortHandlerPropagates(t *testing.T) {
 	t.Fatal("ServeHTTP returned")
 }
 
-type abortStore struct{ Store }
+type abortStore struct{ queue.Store }
 
 func (abortStore) Counts(ctx context.Context, tenant string) (queue.Counts, error) {
 	panic(http.ErrAbortHandler)

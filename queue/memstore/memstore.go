@@ -6,7 +6,7 @@
 // atomic: a batch enqueue, a claim of several rows or a commit and its
 // effects (the next segment becoming eligible, a suppression written back)
 // happen as one step or not at all. It passes the shared contract suite in
-// queue/queuetest, like the file-backed store returned by queue.Open.
+// queue/queuetest, like the file store (queue/filestore).
 //
 // Nothing survives the process: the fence sequence starts again at 1 in a
 // new Store.
@@ -42,6 +42,7 @@ type Store struct {
 	sched   schedule                   // pending and retryable rows by due time
 	leased  map[*row]struct{}          // rows sending
 	consent map[userKey]*queue.Consent // the store's own consent records
+	subs    map[userKey][]queue.Subscription
 }
 
 var _ queue.Store = (*Store)(nil)
@@ -84,6 +85,7 @@ func New(opts *queue.Options) *Store {
 		envs:      make(map[envKey]*envRec),
 		leased:    make(map[*row]struct{}),
 		consent:   make(map[userKey]*queue.Consent),
+		subs:      make(map[userKey][]queue.Subscription),
 	}
 }
 
@@ -140,7 +142,7 @@ func (s *Store) apply(rec *envRec, st *queue.Step, now time.Time) {
 	}
 	if st.Suppress != "" {
 		e := rec.env
-		s.addSuppression(userKey{e.TenantID, e.UserID}, queue.SuppressionFor(e, st.Suppress, now), now)
+		s.suppress(userKey{e.TenantID, e.UserID}, queue.SuppressionFor(e, st.Suppress, now), now)
 	}
 	if st.Wake {
 		s.wake()
@@ -219,18 +221,7 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 		}
 		c := cloneEnvelope(e)
 		c.TenantID = e.Tenant()
-		n := 1
-		if c.Template == envelope.TemplateReply {
-			p, err := c.ReplyPayload()
-			if err != nil {
-				return nil, &queue.EnqueueError{Index: i, Tenant: c.TenantID, ID: c.ID, Err: err}
-			}
-			n = len(envelope.SplitReply(p.Text))
-			if n == 0 {
-				return nil, &queue.EnqueueError{Index: i, Tenant: c.TenantID, ID: c.ID,
-					Err: &envelope.ValidationError{Problems: []envelope.Problem{{Path: "payload.text", Rule: "no text to deliver"}}}}
-			}
-		}
+		n := envelope.Rows(c)
 		prep[i] = prepared{c, n}
 	}
 

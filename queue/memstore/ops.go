@@ -263,23 +263,18 @@ func (s *Store) Suppress(ctx context.Context, tenant, userID string, sup queue.S
 	if sup.At.IsZero() {
 		sup.At = now
 	}
-	s.addSuppression(userKey{tenantOr(tenant), userID}, sup, now)
+	s.suppress(userKey{tenantOr(tenant), userID}, sup, now)
 	return nil
 }
 
-func (s *Store) addSuppression(k userKey, sup queue.Suppression, now time.Time) {
+func (s *Store) suppress(k userKey, sup queue.Suppression, now time.Time) {
 	c := s.consent[k]
 	if c == nil {
 		c = &queue.Consent{}
 		s.consent[k] = c
 	}
 	c.UpdatedAt = now
-	for _, x := range c.Suppressions {
-		if x.Channel == sup.Channel && x.Target == sup.Target {
-			return
-		}
-	}
-	c.Suppressions = append(c.Suppressions, sup)
+	c.Add(sup)
 }
 
 // Erase deletes the user's envelopes, rows and consent record in tenant.
@@ -295,6 +290,7 @@ func (s *Store) Erase(ctx context.Context, tenant, userID string) error {
 	tenant = tenantOr(tenant)
 	s.remove(func(rec *envRec) bool { return rec.env.TenantID == tenant && rec.env.UserID == userID })
 	delete(s.consent, userKey{tenant, userID})
+	delete(s.subs, userKey{tenant, userID})
 	return nil
 }
 

@@ -8,6 +8,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/outboxhq/outbox/queue/filestore"
+
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/channels/sink"
 	"github.com/outboxhq/outbox/envelope"
@@ -23,7 +25,7 @@ func Example() {
 	dir, _ := os.MkdirTemp("", "outbox-embed-")
 	defer os.RemoveAll(dir)
 
-	q, err := queue.Open(dir, nil)
+	q, err := filestore.Open(dir, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

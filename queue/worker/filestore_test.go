@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxhq/outbox/queue/filestore"
+
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/channels/fake"
 	"github.com/outboxhq/outbox/envelope"
@@ -23,9 +25,8 @@ import (
 func TestWorker_FileStoreWithRenderer(t *testing.T) {
 	dir := t.TempDir()
 	clock := queuetest.NewClock(t0)
-	opts := &queue.Options{Now: clock.Now, Logger: discard, DisableWatcher: true, RescanInterval: -1,
-		Backoff: queue.Backoff{Base: time.Second, NoJitter: true}}
-	s, err := queue.Open(dir, opts)
+	opts := &filestore.Options{Options: queue.Options{Now: clock.Now, Logger: discard, Backoff: queue.Backoff{Base: time.Second, NoJitter: true}}, DisableWatcher: true, RescanInterval: -1}
+	s, err := filestore.Open(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +64,7 @@ func TestWorker_FileStoreWithRenderer(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if s, err = queue.Open(dir, opts); err != nil {
+	if s, err = filestore.Open(dir, opts); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Store = s
@@ -107,7 +108,7 @@ func TestWorker_FileStoreWithRenderer(t *testing.T) {
 // some in batches. Every envelope is delivered exactly once, by one call,
 // and the store checks clean.
 func TestWorker_TwoWorkersOnOneFileStore(t *testing.T) {
-	s, err := queue.Open(t.TempDir(), &queue.Options{Logger: discard, DisableWatcher: true, RescanInterval: -1})
+	s, err := filestore.Open(t.TempDir(), &filestore.Options{Options: queue.Options{Logger: discard}, DisableWatcher: true, RescanInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

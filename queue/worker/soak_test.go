@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxhq/outbox/queue/filestore"
+
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/channels/fake"
 	"github.com/outboxhq/outbox/envelope"
@@ -29,10 +31,7 @@ func TestSoak(t *testing.T) {
 	}
 	rate := 200
 	dir := t.TempDir()
-	q, err := queue.Open(dir, &queue.Options{
-		Logger: discard, Retention: 2 * time.Second,
-		Backoff: queue.Backoff{Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond, MaxAttempts: 12},
-	})
+	q, err := filestore.Open(dir, &filestore.Options{Options: queue.Options{Logger: discard, Retention: 2 * time.Second, Backoff: queue.Backoff{Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond, MaxAttempts: 12}}})
 	if err != nil {
 		t.Fatal(err)
 	}

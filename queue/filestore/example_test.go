@@ -1,4 +1,4 @@
-package queue_test
+package filestore_test
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"log"
 	"os"
 	"time"
+
+	"github.com/outboxhq/outbox/queue/filestore"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -18,7 +20,7 @@ func Example() {
 	dir, _ := os.MkdirTemp("", "outbox-example-")
 	defer os.RemoveAll(dir)
 
-	q, err := queue.Open(dir, nil)
+	q, err := filestore.Open(dir, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package queue_test
+package filestore_test
 
 import (
 	"bufio"
@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outboxhq/outbox/queue/filestore"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -47,14 +49,14 @@ func runChild(mode, dir, arg string) int {
 		users, _ := strconv.Atoi(parts[2])
 		for i := 0; i < n; i++ {
 			e := queuetest.Reply(fmt.Sprintf("%s-%d", parts[0], i), fmt.Sprintf("u%d", i%users), "hello")
-			if err := queue.Append(dir, e); err != nil {
+			if err := filestore.Append(dir, e); err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				return 1
 			}
 		}
 		return 0
 	case "enqueue-loop": // enqueue until killed; print each acknowledged id
-		q, err := queue.Open(dir, &queue.Options{RescanInterval: -1})
+		q, err := filestore.Open(dir, &filestore.Options{RescanInterval: -1})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -74,9 +76,9 @@ func runChild(mode, dir, arg string) int {
 	return 2
 }
 
-func mustOpen(t testing.TB, dir string, opts *queue.Options) *queue.Queue {
+func mustOpen(t testing.TB, dir string, opts *filestore.Options) *filestore.Queue {
 	t.Helper()
-	q, err := queue.Open(dir, opts)
+	q, err := filestore.Open(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,8 +89,8 @@ func mustOpen(t testing.TB, dir string, opts *queue.Options) *queue.Queue {
 func TestQueue_StoreInUse(t *testing.T) {
 	dir := t.TempDir()
 	mustOpen(t, dir, nil)
-	_, err := queue.Open(dir, &queue.Options{LockTimeout: 50 * time.Millisecond})
-	var inUse *queue.StoreInUseError
+	_, err := filestore.Open(dir, &filestore.Options{LockTimeout: 50 * time.Millisecond})
+	var inUse *filestore.StoreInUseError
 	if !errors.As(err, &inUse) {
 		t.Fatalf("second Open: %v, want *StoreInUseError", err)
 	}
@@ -112,7 +114,7 @@ func TestQueue_CloseIdempotent(t *testing.T) {
 
 // waitFor waits for cond, re-checking whenever the store notifies, with a
 // generous bound so that a broken wake-up fails instead of hanging.
-func waitFor(t testing.TB, q *queue.Queue, cond func() bool) {
+func waitFor(t testing.TB, q *filestore.Queue, cond func() bool) {
 	t.Helper()
 	deadline := time.After(20 * time.Second)
 	for !cond() {
@@ -141,7 +143,7 @@ func total(t testing.TB, q queue.Store) int {
 
 func TestQueue_ForeignAppend(t *testing.T) {
 	dir := t.TempDir()
-	q := mustOpen(t, dir, &queue.Options{RescanInterval: -1})
+	q := mustOpen(t, dir, &filestore.Options{RescanInterval: -1})
 	cmd := child(t, "append", dir, "ext:1:1")
 	if err := cmd.Run(); err != nil {
 		t.Fatal(err)
@@ -188,8 +190,8 @@ func TestQueue_ConcurrentForeignAppenders(t *testing.T) {
 
 func TestQueue_RescanWithoutWatcher(t *testing.T) {
 	dir := t.TempDir()
-	q := mustOpen(t, dir, &queue.Options{DisableWatcher: true, RescanInterval: 20 * time.Millisecond})
-	if err := queue.Append(dir, queuetest.Reply("r1", "u", "x")); err != nil {
+	q := mustOpen(t, dir, &filestore.Options{DisableWatcher: true, RescanInterval: 20 * time.Millisecond})
+	if err := filestore.Append(dir, queuetest.Reply("r1", "u", "x")); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, q, func() bool { return total(t, q) == 1 })
@@ -199,7 +201,7 @@ func TestQueue_DuplicateAppendedTwice(t *testing.T) {
 	dir := t.TempDir()
 	e := queuetest.Reply("same", "u", "x")
 	for i := 0; i < 2; i++ {
-		if err := queue.Append(dir, e); err != nil {
+		if err := filestore.Append(dir, e); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -217,10 +219,10 @@ func TestQueue_TornLineThenCompleted(t *testing.T) {
 	dir := t.TempDir()
 	good := queuetest.Reply("g", "u", "x")
 	torn := queuetest.Reply("t", "u", "y")
-	if err := queue.Append(dir, good); err != nil {
+	if err := filestore.Append(dir, good); err != nil {
 		t.Fatal(err)
 	}
-	path := queue.LogPath(dir, "", "u")
+	path := filestore.LogPath(dir, "", "u")
 	line, _ := json.Marshal(torn)
 	half, rest := line[:len(line)/2], append(line[len(line)/2:], '\n')
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
@@ -254,15 +256,15 @@ func TestQueue_TornLineThenCompleted(t *testing.T) {
 
 func TestQueue_CorruptMiddleLineQuarantined(t *testing.T) {
 	dir := t.TempDir()
-	if err := queue.Append(dir, queuetest.Reply("a", "u", "x")); err != nil {
+	if err := filestore.Append(dir, queuetest.Reply("a", "u", "x")); err != nil {
 		t.Fatal(err)
 	}
-	path := queue.LogPath(dir, "", "u")
+	path := filestore.LogPath(dir, "", "u")
 	fi, _ := os.Stat(path)
 	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
 	f.WriteString(`{"schema_version":"1","id":"bad","secret":"CANARY-BODY"}` + "\n")
 	f.Close()
-	if err := queue.Append(dir, queuetest.Reply("b", "u", "x")); err != nil {
+	if err := filestore.Append(dir, queuetest.Reply("b", "u", "x")); err != nil {
 		t.Fatal(err)
 	}
 	q := mustOpen(t, dir, nil)
@@ -281,7 +283,7 @@ func TestQueue_CorruptMiddleLineQuarantined(t *testing.T) {
 func TestQueue_RestartRecoversOldLeases(t *testing.T) {
 	dir := t.TempDir()
 	clock := queuetest.NewClock(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
-	opts := &queue.Options{Now: clock.Now}
+	opts := &filestore.Options{Options: queue.Options{Now: clock.Now}}
 	q := mustOpen(t, dir, opts)
 	if _, err := q.Enqueue(context.Background(), queuetest.Reply("r", "u", "x")); err != nil {
 		t.Fatal(err)
@@ -355,7 +357,7 @@ func TestQueue_CrashDuringEnqueue(t *testing.T) {
 // Concurrent enqueues to one log share appends (group commit); each caller
 // must still read its own write at once, and nothing is indexed twice.
 func TestQueue_ConcurrentEnqueueReadYourWrites(t *testing.T) {
-	q := mustOpen(t, t.TempDir(), &queue.Options{RescanInterval: -1})
+	q := mustOpen(t, t.TempDir(), &filestore.Options{RescanInterval: -1})
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)

@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"fmt"
@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	bolt "go.etcd.io/bbolt"
 	"io"
 	"log/slog"
 	"os"
@@ -16,8 +15,11 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/outboxhq/outbox/envelope"
-	"github.com/outboxhq/outbox/queue/internal/applog"
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 )
 
 func faultEnvelope(id, user string) *envelope.Envelope {
@@ -32,7 +34,7 @@ func faultEnvelope(id, user string) *envelope.Envelope {
 
 func openFault(t *testing.T, dir string) *Queue {
 	t.Helper()
-	q, err := Open(dir, &Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DisableWatcher: true, RescanInterval: -1})
+	q, err := Open(dir, &Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, DisableWatcher: true, RescanInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +71,7 @@ func TestFault_LogSyncFails(t *testing.T) {
 			if !errors.Is(err, fault) || !strings.Contains(err.Error(), "append to log") {
 				t.Fatalf("Enqueue = %v, want a clear error wrapping %v", err, fault)
 			}
-			if _, err := q.Get(context.Background(), "", "lost"); !errors.Is(err, ErrNotFound) {
+			if _, err := q.Get(context.Background(), "", "lost"); !errors.Is(err, queue.ErrNotFound) {
 				t.Fatalf("failed enqueue is visible: %v", err)
 			}
 			b, _ := os.ReadFile(LogPath(dir, "", "u"))
@@ -143,7 +145,7 @@ func TestFault_IndexCommitFails(t *testing.T) {
 		t.Fatalf("record not indexed after the disk recovered: %v", err)
 	}
 	q.setBeforeCommit(func() error { return syscall.EIO })
-	if _, err := q.Claim(context.Background(), ClaimRequest{Owner: "w", Lease: time.Minute}); !errors.Is(err, syscall.EIO) {
+	if _, err := q.Claim(context.Background(), queue.ClaimRequest{Owner: "w", Lease: time.Minute}); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("Claim = %v", err)
 	}
 	q.setBeforeCommit(nil)
@@ -165,7 +167,7 @@ func TestFault_LogDeletedUnderRunningStore(t *testing.T) {
 	if err := os.Remove(LogPath(dir, "", "u1")); err != nil {
 		t.Fatal(err)
 	}
-	ls, err := q.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10})
+	ls, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10})
 	if err != nil || len(ls) != 1 || ls[0].Key.EnvelopeID != "kept" {
 		t.Fatalf("claim = %+v, %v", ls, err)
 	}
@@ -229,7 +231,7 @@ func TestFault_CorruptIndexRebuilt(t *testing.T) {
 					t.Fatalf("%s after rebuild = %+v, %v", id, st, err)
 				}
 			}
-			if ls, _ := q2.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10}); len(ls) != 0 {
+			if ls, _ := q2.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10}); len(ls) != 0 {
 				t.Fatalf("rebuilt rows were claimable: %d", len(ls))
 			}
 		})
@@ -281,7 +283,7 @@ func TestCounts_MatchScan(t *testing.T) {
 		}
 	}
 	check("enqueued")
-	ls, err := q.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 8})
+	ls, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,11 +291,11 @@ func TestCounts_MatchScan(t *testing.T) {
 	for i, l := range ls {
 		switch i % 4 {
 		case 0:
-			q.Commit(ctx, l, Outcome{State: envelope.StateSent})
+			q.Commit(ctx, l, queue.Outcome{State: envelope.StateSent})
 		case 1:
-			q.Commit(ctx, l, Outcome{State: envelope.StateRetryable, Class: envelope.ClassTimeout})
+			q.Commit(ctx, l, queue.Outcome{State: envelope.StateRetryable, Class: envelope.ClassTimeout})
 		case 2:
-			q.Commit(ctx, l, Outcome{State: envelope.StateDeadLetter, Class: envelope.ClassInvalidRequest})
+			q.Commit(ctx, l, queue.Outcome{State: envelope.StateDeadLetter, Class: envelope.ClassInvalidRequest})
 		case 3:
 			q.Release(ctx, l)
 		}

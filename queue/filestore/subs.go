@@ -1,10 +1,10 @@
-package queue
+package filestore
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"time"
+
+	"github.com/outboxhq/outbox/queue"
 
 	"github.com/outboxhq/outbox/envelope"
 	bolt "go.etcd.io/bbolt"
@@ -14,26 +14,20 @@ var bktSubs = []byte("subs")
 
 func init() { allBuckets = append(allBuckets, bktSubs) }
 
-// Subscription is a browser push subscription saved for a user.
-type Subscription struct {
-	Sub     envelope.PushSubscription `json:"subscription"`
-	Created time.Time                 `json:"created_at"`
-}
-
 func subKey(tenant, user, endpoint string) []byte {
-	return []byte(tenant + "\x00" + user + "\x00" + TargetOfValue("push:"+endpoint))
+	return []byte(tenant + "\x00" + user + "\x00" + queue.TargetOfValue("push:"+endpoint))
 }
 
 // SaveSubscription stores a push subscription for a user (replacing one with
 // the same endpoint) and lifts a suppression of that endpoint left by an
 // earlier 404/410: the browser subscribed again.
 func (q *Queue) SaveSubscription(ctx context.Context, tenant, user string, sub envelope.PushSubscription) error {
-	if sub.Endpoint == "" || sub.Keys.P256dh == "" || sub.Keys.Auth == "" {
-		return errors.New("queue: push subscription needs endpoint, keys.p256dh and keys.auth")
+	if err := queue.CheckSubscription(sub); err != nil {
+		return err
 	}
 	tenant = tenantOr(tenant)
 	return q.write(ctx, false, func(tx *bolt.Tx) error {
-		v, err := json.Marshal(Subscription{Sub: sub, Created: q.opts.Now().UTC()})
+		v, err := json.Marshal(queue.Subscription{Sub: sub, Created: q.opts.Now().UTC()})
 		if err != nil {
 			return err
 		}
@@ -41,15 +35,7 @@ func (q *Queue) SaveSubscription(ctx context.Context, tenant, user string, sub e
 		if err != nil {
 			return err
 		}
-		if found {
-			target := TargetOfValue("push:" + sub.Endpoint)
-			kept := c.Suppressions[:0]
-			for _, s := range c.Suppressions {
-				if !(s.Channel == envelope.ChannelPush && s.Target == target) {
-					kept = append(kept, s)
-				}
-			}
-			c.Suppressions = kept
+		if found && c.Resubscribed(sub.Endpoint) {
 			if err := putConsent(tx, tenant, user, c); err != nil {
 				return err
 			}
@@ -65,21 +51,21 @@ func (q *Queue) DeleteSubscription(ctx context.Context, tenant, user, endpoint s
 	return q.write(ctx, false, func(tx *bolt.Tx) error {
 		k := subKey(tenant, user, endpoint)
 		if tx.Bucket(bktSubs).Get(k) == nil {
-			return ErrNotFound
+			return queue.ErrNotFound
 		}
 		return tx.Bucket(bktSubs).Delete(k)
 	})
 }
 
 // Subscriptions lists a user's push subscriptions.
-func (q *Queue) Subscriptions(ctx context.Context, tenant, user string) ([]Subscription, error) {
+func (q *Queue) Subscriptions(ctx context.Context, tenant, user string) ([]queue.Subscription, error) {
 	tenant = tenantOr(tenant)
-	var out []Subscription
+	var out []queue.Subscription
 	err := q.view(func(tx *bolt.Tx) error {
 		prefix := []byte(tenant + "\x00" + user + "\x00")
 		c := tx.Bucket(bktSubs).Cursor()
 		for k, v := c.Seek(prefix); k != nil && len(k) >= len(prefix) && string(k[:len(prefix)]) == string(prefix); k, v = c.Next() {
-			var s Subscription
+			var s queue.Subscription
 			if err := json.Unmarshal(v, &s); err != nil {
 				return err
 			}
@@ -112,7 +98,7 @@ func eraseSubscriptions(tx *bolt.Tx, tenant, user string) error {
 // by its hash; users are found through their consent records and envelopes.
 func (q *Queue) SuppressEmail(ctx context.Context, tenant, address string, reason envelope.ErrorClass) error {
 	tenant = tenantOr(tenant)
-	target := TargetOfValue("email:" + address)
+	target := queue.TargetOfValue("email:" + address)
 	return q.write(ctx, false, func(tx *bolt.Tx) error {
 		users := map[string]bool{}
 		prefix := []byte(tenant + "\x00")
@@ -123,7 +109,7 @@ func (q *Queue) SuppressEmail(ctx context.Context, tenant, address string, reaso
 				continue
 			}
 			env, err := q.readEnvelope(&e)
-			if err == nil && TargetOf(env) == target {
+			if err == nil && queue.TargetOf(env) == target {
 				users[e.User] = true
 			}
 		}
@@ -133,7 +119,7 @@ func (q *Queue) SuppressEmail(ctx context.Context, tenant, address string, reaso
 			if err != nil {
 				return err
 			}
-			cs.Suppressions = addSuppression(cs.Suppressions, Suppression{Channel: envelope.ChannelEmail, Target: target, Reason: reason, At: now})
+			cs.Add(queue.EmailSuppression(address, reason, now))
 			cs.UpdatedAt = now
 			if err := putConsent(tx, tenant, u, cs); err != nil {
 				return err

@@ -1,4 +1,4 @@
-package queue_test
+package filestore_test
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/outboxhq/outbox/queue/filestore"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -28,9 +30,9 @@ func benchEnvelope(i int) *envelope.Envelope {
 	}
 }
 
-func benchOpen(b *testing.B) *queue.Queue {
+func benchOpen(b *testing.B) *filestore.Queue {
 	b.Helper()
-	q, err := queue.Open(b.TempDir(), &queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RescanInterval: -1, DisableWatcher: true})
+	q, err := filestore.Open(b.TempDir(), &filestore.Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, RescanInterval: -1, DisableWatcher: true})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -104,8 +106,7 @@ func (a *atomicInt) next() int { return int(a.v.Add(1)) }
 // through fsnotify) until the row is claimable. It reports p50 and p99.
 func BenchmarkQueue_TailerWake(b *testing.B) {
 	dir := b.TempDir()
-	q, err := queue.Open(dir, &queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RescanInterval: -1,
-		UnsyncedClaims: envelope.Channels})
+	q, err := filestore.Open(dir, &filestore.Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, RescanInterval: -1, UnsyncedClaims: envelope.Channels})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func BenchmarkQueue_TailerWake(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		if err := queue.Append(dir, benchEnvelope(i)); err != nil {
+		if err := filestore.Append(dir, benchEnvelope(i)); err != nil {
 			b.Fatal(err)
 		}
 		for {

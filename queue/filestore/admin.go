@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"bytes"
@@ -10,16 +10,18 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/outboxhq/outbox/queue"
+
 	"github.com/outboxhq/outbox/envelope"
 	bolt "go.etcd.io/bbolt"
 )
 
 // Get implements Store.
-func (q *Queue) Get(ctx context.Context, tenant, id string) (*EnvelopeStatus, error) {
+func (q *Queue) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStatus, error) {
 	if tenant == "" {
 		tenant = envelope.DefaultTenant
 	}
-	var st *EnvelopeStatus
+	var st *queue.EnvelopeStatus
 	var rec *envRec
 	err := q.view(func(tx *bolt.Tx) error {
 		ek := envKey(tenant, id)
@@ -28,10 +30,10 @@ func (q *Queue) Get(ctx context.Context, tenant, id string) (*EnvelopeStatus, er
 			return err
 		}
 		if e == nil {
-			return ErrNotFound
+			return queue.ErrNotFound
 		}
 		rec = e
-		st = &EnvelopeStatus{Tenant: tenant, ID: id, UserID: e.User, Channel: e.Channel, Template: e.Template, EnqueuedAt: fromNano(e.Enq)}
+		st = &queue.EnvelopeStatus{Tenant: tenant, ID: id, UserID: e.User, Channel: e.Channel, Template: e.Template, EnqueuedAt: fromNano(e.Enq)}
 		for seg := 0; seg < e.Segs; seg++ {
 			r, err := getRow(tx, rowKey(ek, seg))
 			if err != nil {
@@ -54,8 +56,8 @@ func (q *Queue) Get(ctx context.Context, tenant, id string) (*EnvelopeStatus, er
 	return st, nil
 }
 
-func segmentStatus(seg int, r *rowRec) SegmentStatus {
-	return SegmentStatus{
+func segmentStatus(seg int, r *rowRec) queue.SegmentStatus {
+	return queue.SegmentStatus{
 		Index: seg, State: r.State, Attempts: r.Attempts, Class: r.Class, Receipt: r.Receipt,
 		Fence: r.Fence, NextAt: fromNano(r.Due), LeaseEnd: fromNano(r.LeaseEnd),
 		UpdatedAt: fromNano(r.Updated), History: r.History,
@@ -63,17 +65,17 @@ func segmentStatus(seg int, r *rowRec) SegmentStatus {
 }
 
 // aggregate is an envelope's status: delivered, or the first unsent segment's state.
-func aggregate(segs []SegmentStatus) string {
+func aggregate(segs []queue.SegmentStatus) string {
 	for _, s := range segs {
 		if s.State != envelope.StateSent {
 			return string(s.State)
 		}
 	}
-	return StatusDelivered
+	return queue.StatusDelivered
 }
 
 // List implements Store.
-func (q *Queue) List(ctx context.Context, f ListFilter) (*Page, error) {
+func (q *Queue) List(ctx context.Context, f queue.ListFilter) (*queue.Page, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 50
@@ -89,7 +91,7 @@ func (q *Queue) List(ctx context.Context, f ListFilter) (*Page, error) {
 		}
 		after = b
 	}
-	page := &Page{}
+	page := &queue.Page{}
 	err := q.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bktOrder).Cursor()
 		var k, v []byte
@@ -129,7 +131,7 @@ func (q *Queue) List(ctx context.Context, f ListFilter) (*Page, error) {
 					page.Next = base64.RawURLEncoding.EncodeToString(q.cursor(page, tx))
 					return nil
 				}
-				page.Rows = append(page.Rows, Row{
+				page.Rows = append(page.Rows, queue.Row{
 					Key:    envelope.Key{Tenant: tenant, EnvelopeID: id, Segment: seg},
 					UserID: e.User, Channel: e.Channel, State: r.State, Attempts: r.Attempts,
 					Class: r.Class, UpdatedAt: fromNano(r.Updated),
@@ -146,7 +148,7 @@ func (q *Queue) List(ctx context.Context, f ListFilter) (*Page, error) {
 }
 
 // cursor encodes the position of the page's last row: its seq and segment.
-func (q *Queue) cursor(p *Page, tx *bolt.Tx) []byte {
+func (q *Queue) cursor(p *queue.Page, tx *bolt.Tx) []byte {
 	last := p.Rows[len(p.Rows)-1]
 	e, _ := getEnv(tx, envKey(last.Key.Tenant, last.Key.EnvelopeID))
 	b := u64(e.Seq)
@@ -156,7 +158,7 @@ func (q *Queue) cursor(p *Page, tx *bolt.Tx) []byte {
 
 // operator applies fn to every segment of an envelope in an operator
 // transaction; fn returns whether it changed the row.
-func (q *Queue) operator(ctx context.Context, tenant, id string, f func(rows []Delivery, now time.Time) (*Step, error)) error {
+func (q *Queue) operator(ctx context.Context, tenant, id string, f func(rows []queue.Delivery, now time.Time) (*queue.Step, error)) error {
 	if tenant == "" {
 		tenant = envelope.DefaultTenant
 	}
@@ -168,10 +170,10 @@ func (q *Queue) operator(ctx context.Context, tenant, id string, f func(rows []D
 			return err
 		}
 		if e == nil {
-			return ErrNotFound
+			return queue.ErrNotFound
 		}
 		now := q.opts.Now()
-		st, err := q.step(tx, ek, e, now, func(rows []Delivery) (*Step, error) { return f(rows, now) })
+		st, err := q.step(tx, ek, e, now, func(rows []queue.Delivery) (*queue.Step, error) { return f(rows, now) })
 		if err == nil {
 			wake = st.Wake
 		}
@@ -185,19 +187,19 @@ func (q *Queue) operator(ctx context.Context, tenant, id string, f func(rows []D
 
 // Requeue implements Store.
 func (q *Queue) Requeue(ctx context.Context, tenant, id string) error {
-	return q.operator(ctx, tenant, id, Requeue)
+	return q.operator(ctx, tenant, id, queue.Requeue)
 }
 
 // Resolve implements Store.
 func (q *Queue) Resolve(ctx context.Context, tenant, id string, as envelope.State) error {
-	return q.operator(ctx, tenant, id, func(rows []Delivery, now time.Time) (*Step, error) {
-		return Resolve(rows, as, now)
+	return q.operator(ctx, tenant, id, func(rows []queue.Delivery, now time.Time) (*queue.Step, error) {
+		return queue.Resolve(rows, as, now)
 	})
 }
 
 // Consent implements Store.
-func (q *Queue) Consent(ctx context.Context, tenant, userID string) (Consent, error) {
-	var c Consent
+func (q *Queue) Consent(ctx context.Context, tenant, userID string) (queue.Consent, error) {
+	var c queue.Consent
 	err := q.view(func(tx *bolt.Tx) error {
 		var err error
 		c, _, err = getConsent(tx, tenantOr(tenant), userID)
@@ -207,7 +209,7 @@ func (q *Queue) Consent(ctx context.Context, tenant, userID string) (Consent, er
 }
 
 // SetConsent implements Store.
-func (q *Queue) SetConsent(ctx context.Context, tenant, userID string, f ConsentFlags) error {
+func (q *Queue) SetConsent(ctx context.Context, tenant, userID string, f queue.ConsentFlags) error {
 	return q.write(ctx, false, func(tx *bolt.Tx) error {
 		c, _, err := getConsent(tx, tenantOr(tenant), userID)
 		if err != nil {
@@ -220,7 +222,7 @@ func (q *Queue) SetConsent(ctx context.Context, tenant, userID string, f Consent
 }
 
 // Suppress implements Store.
-func (q *Queue) Suppress(ctx context.Context, tenant, userID string, s Suppression) error {
+func (q *Queue) Suppress(ctx context.Context, tenant, userID string, s queue.Suppression) error {
 	return q.write(ctx, false, func(tx *bolt.Tx) error {
 		c, _, err := getConsent(tx, tenantOr(tenant), userID)
 		if err != nil {
@@ -229,7 +231,7 @@ func (q *Queue) Suppress(ctx context.Context, tenant, userID string, s Suppressi
 		if s.At.IsZero() {
 			s.At = q.opts.Now().UTC()
 		}
-		c.Suppressions = addSuppression(c.Suppressions, s)
+		c.Add(s)
 		c.UpdatedAt = q.opts.Now().UTC()
 		return putConsent(tx, tenantOr(tenant), userID, c)
 	})

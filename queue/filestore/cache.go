@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"container/list"

@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"bytes"
@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/outboxhq/outbox/queue/internal/applog"
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 )

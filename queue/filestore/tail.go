@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"context"
@@ -9,8 +9,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxhq/outbox/queue"
+
 	"github.com/fsnotify/fsnotify"
-	"github.com/outboxhq/outbox/queue/internal/applog"
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -210,7 +212,7 @@ func (t *tailer) loop() {
 				})
 			}
 		}
-		if err != nil && !errors.Is(err, ErrClosed) {
+		if err != nil && !errors.Is(err, queue.ErrClosed) {
 			t.q.log.Error("ingest failed", "component", "tailer", "operation", "ingest", "status", "error")
 		}
 		t.q.wake()

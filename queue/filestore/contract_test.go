@@ -1,7 +1,9 @@
-package queue_test
+package filestore_test
 
 import (
 	"testing"
+
+	"github.com/outboxhq/outbox/queue/filestore"
 
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/queuetest"
@@ -12,12 +14,11 @@ import (
 // fsync changes no semantics here, and durability has its own tests below
 // (the crash test, the torn-line and restart tests).
 func TestQueue_Contract(t *testing.T) {
-	relaxed := func(opts *queue.Options) *queue.Options {
-		var o queue.Options
+	relaxed := func(opts *queue.Options) *filestore.Options {
+		o := filestore.Options{NoSync: true}
 		if opts != nil {
-			o = *opts
+			o.Options = *opts
 		}
-		o.NoSync = true
 		return &o
 	}
 	queuetest.Exercise(t, queuetest.Harness{
@@ -25,7 +26,7 @@ func TestQueue_Contract(t *testing.T) {
 			return mustOpen(t, t.TempDir(), relaxed(opts))
 		},
 		Reopen: func(t testing.TB, s queue.Store, opts *queue.Options) queue.Store {
-			q := s.(*queue.Queue)
+			q := s.(*filestore.Queue)
 			dir := q.Dir()
 			if err := q.Close(); err != nil {
 				t.Fatal(err)

@@ -1,8 +1,10 @@
-package queue
+package filestore
 
 import (
 	"context"
 	"encoding/json"
+
+	"github.com/outboxhq/outbox/queue"
 
 	"github.com/outboxhq/outbox/envelope"
 	bolt "go.etcd.io/bbolt"
@@ -56,7 +58,7 @@ func (q *Queue) applyDelta(d map[countKey]int) {
 }
 
 // Counts implements Store.
-func (q *Queue) Counts(ctx context.Context, tenant string) (Counts, error) {
+func (q *Queue) Counts(ctx context.Context, tenant string) (queue.Counts, error) {
 	q.cmu.Lock()
 	ready := q.counts != nil
 	q.cmu.Unlock()
@@ -82,7 +84,7 @@ func (q *Queue) Counts(ctx context.Context, tenant string) (Counts, error) {
 	} else {
 		q.barrier()
 	}
-	out := Counts{}
+	out := queue.Counts{}
 	q.cmu.Lock()
 	defer q.cmu.Unlock()
 	for k, n := range q.counts {

@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"bytes"
@@ -11,7 +11,8 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
-	"github.com/outboxhq/outbox/queue/internal/applog"
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 )
 
 // The tailer's events for this process's own appends cost nothing: the
@@ -22,7 +23,7 @@ func TestTailer_IgnoresOwnAppends(t *testing.T) {
 	if err := Append(dir, faultEnvelope("before", "u1")); err != nil {
 		t.Fatal(err)
 	}
-	q, err := Open(dir, &Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RescanInterval: -1})
+	q, err := Open(dir, &Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, RescanInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,10 +130,7 @@ func TestOldReserve_ReadAppendedAndPruned(t *testing.T) {
 		pad(user, 4000)
 	}
 	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
-	q, err := Open(dir, &Options{
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DisableWatcher: true, RescanInterval: -1,
-		Now: func() time.Time { return now }, Retention: time.Hour,
-	})
+	q, err := Open(dir, &Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return now }, Retention: time.Hour}, DisableWatcher: true, RescanInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +166,7 @@ func TestOldReserve_ReadAppendedAndPruned(t *testing.T) {
 		t.Fatalf("u2's log reads as %d lines, want 3: %q", len(lines), b)
 	}
 	for {
-		l, err := q.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10})
+		l, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +174,7 @@ func TestOldReserve_ReadAppendedAndPruned(t *testing.T) {
 			break
 		}
 		for _, lease := range l {
-			if err := q.Commit(ctx, lease, Outcome{State: envelope.StateSent}); err != nil {
+			if err := q.Commit(ctx, lease, queue.Outcome{State: envelope.StateSent}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -222,7 +220,7 @@ func TestTailer_RescanBacksOffWithItsCost(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	q, err := Open(dir, &Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DisableWatcher: true, RescanInterval: time.Millisecond})
+	q, err := Open(dir, &Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, DisableWatcher: true, RescanInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +242,7 @@ func TestTailer_RescanBacksOffWithItsCost(t *testing.T) {
 // by some rescan (the parallel look for logs with news skips none).
 func TestTailer_RescansIndexEveryForeignAppend(t *testing.T) {
 	dir := t.TempDir()
-	q, err := Open(dir, &Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DisableWatcher: true, RescanInterval: time.Millisecond})
+	q, err := Open(dir, &Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, DisableWatcher: true, RescanInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

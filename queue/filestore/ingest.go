@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"context"
@@ -15,14 +15,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxhq/outbox/queue"
+
 	"github.com/outboxhq/outbox/envelope"
-	"github.com/outboxhq/outbox/queue/internal/applog"
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	bolt "go.etcd.io/bbolt"
 )
-
-// Segments returns how many delivery rows an envelope materialises: the
-// number of chat segments of a reply-text.v1 text, 1 otherwise.
-func Segments(e *envelope.Envelope) int { return envelope.Rows(e) }
 
 // prepared is one validated envelope on its way into a log.
 type prepared struct {
@@ -79,18 +77,18 @@ func (q *Queue) lookup(key string) *prepared {
 // enqueues in flight in this process. A line with the same id appended by
 // another process at the same moment is still indexed only once, but this
 // call may then report created for the copy that lost.
-func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]EnqueueResult, error) {
+func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queue.EnqueueResult, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if q.isClosed() {
-		return nil, ErrClosed
+		return nil, queue.ErrClosed
 	}
 	now := q.opts.Now()
 	items := make([]*prepared, len(envs))
 	for i, in := range envs {
 		if in == nil {
-			return nil, &EnqueueError{Index: i, Err: errors.New("nil envelope")}
+			return nil, &queue.EnqueueError{Index: i, Err: errors.New("nil envelope")}
 		}
 		e := cloneEnvelope(in)
 		if e.TenantID == "" {
@@ -98,7 +96,7 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 		}
 		line, segs, err := envelope.ValidEncodingRows(e)
 		if err != nil {
-			return nil, &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
+			return nil, &queue.EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
 		}
 		items[i] = &prepared{
 			env:  e,
@@ -186,7 +184,7 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 	}, func(err error) {
 		q.unregister(items)
 		q.unreserve(keep)
-		if err != nil && !errors.Is(err, ErrClosed) {
+		if err != nil && !errors.Is(err, queue.ErrClosed) {
 			// The records are durable in the logs: the tailer's rescan or
 			// the next Open indexes them.
 			q.log.Error("index enqueued records failed; the rescan will retry", "operation", "enqueue", "status", "error")
@@ -194,9 +192,9 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]Enqu
 		}
 		q.wake()
 	})
-	res := make([]EnqueueResult, len(items))
+	res := make([]queue.EnqueueResult, len(items))
 	for i, it := range items {
-		res[i] = EnqueueResult{Tenant: it.env.TenantID, ID: it.env.ID, Duplicate: it.dup, Segments: it.segs}
+		res[i] = queue.EnqueueResult{Tenant: it.env.TenantID, ID: it.env.ID, Duplicate: it.dup, Segments: it.segs}
 		if !it.dup {
 			q.m.enqueued.WithLabelValues(string(it.env.Channel)).Inc()
 		} else {
@@ -214,14 +212,14 @@ func (q *Queue) checkConsent(ctx context.Context, tx *bolt.Tx, items []*prepared
 			return fmt.Errorf("enqueue: consent: %w", err)
 		}
 		if ok, class := c.Allows(found, it.env); !ok {
-			return &EnqueueError{Index: i, Tenant: it.env.TenantID, ID: it.env.ID, Reason: class, Err: ErrConsentDenied}
+			return &queue.EnqueueError{Index: i, Tenant: it.env.TenantID, ID: it.env.ID, Reason: class, Err: queue.ErrConsentDenied}
 		}
 	}
 	return nil
 }
 
 // consentFor reads current consent from the configured source or the store.
-func (q *Queue) consentFor(ctx context.Context, tx *bolt.Tx, tenant, user string) (Consent, bool, error) {
+func (q *Queue) consentFor(ctx context.Context, tx *bolt.Tx, tenant, user string) (queue.Consent, bool, error) {
 	if q.opts.Consent != nil {
 		return q.opts.Consent.Consent(ctx, tenant, user)
 	}
@@ -554,7 +552,7 @@ func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *enve
 		return false, nil
 	}
 	if segs <= 0 {
-		segs = Segments(env)
+		segs = envelope.Rows(env)
 	}
 	rec := &envRec{
 		User: env.UserID, Channel: env.Channel, Template: env.Template,
@@ -562,14 +560,14 @@ func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *enve
 		Enq: now.UnixNano(), Exp: nano(env.ExpiresAt),
 		Seq: nextCounter(tx, keySeq),
 	}
-	rows := NewRows(env, segs, now)
+	rows := queue.NewRows(env, segs, now)
 	if !checked {
 		c, found, err := q.consentFor(context.Background(), tx, env.TenantID, env.UserID)
 		if err != nil {
 			return false, err
 		}
 		if ok, why := c.Allows(found, env); !ok {
-			st, err := Refuse(rows, Verdict{envelope.StateSuppressed, why}, now)
+			st, err := queue.Refuse(rows, queue.Verdict{State: envelope.StateSuppressed, Class: why}, now)
 			if err != nil {
 				return false, err
 			}

@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"errors"
@@ -6,8 +6,10 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/outboxhq/outbox/queue"
+
 	"github.com/outboxhq/outbox/envelope"
-	"github.com/outboxhq/outbox/queue/internal/applog"
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -34,7 +36,7 @@ func Append(dir string, envs ...*envelope.Envelope) error {
 		}
 		line, err := envelope.ValidEncoding(e)
 		if err != nil {
-			return &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
+			return &queue.EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
 		}
 		rel := applog.RelPath(e.TenantID, e.UserID)
 		if _, ok := byLog[rel]; !ok {

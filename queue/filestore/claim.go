@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"bytes"
@@ -9,17 +9,19 @@ import (
 	"sort"
 	"time"
 
+	"github.com/outboxhq/outbox/queue"
+
 	"github.com/outboxhq/outbox/envelope"
 	bolt "go.etcd.io/bbolt"
 )
 
 type claimed struct {
-	lease *Lease
+	lease *queue.Lease
 	env   *envRec
 }
 
 // Claim implements Store.
-func (q *Queue) Claim(ctx context.Context, req ClaimRequest) ([]*Lease, error) {
+func (q *Queue) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
 	if req.Owner == "" || req.Lease <= 0 {
 		return nil, errors.New("queue: claim needs an owner and a lease duration")
 	}
@@ -82,7 +84,7 @@ func (q *Queue) Claim(ctx context.Context, req ClaimRequest) ([]*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	leases := make([]*Lease, 0, len(out))
+	leases := make([]*queue.Lease, 0, len(out))
 	for _, c := range out {
 		leases = append(leases, c.lease)
 	}
@@ -91,7 +93,7 @@ func (q *Queue) Claim(ctx context.Context, req ClaimRequest) ([]*Lease, error) {
 
 // unsyncedClaim reports whether req's claim may skip fsync: every channel
 // it asks for is in Options.UnsyncedClaims (see there).
-func (q *Queue) unsyncedClaim(req ClaimRequest) bool {
+func (q *Queue) unsyncedClaim(req queue.ClaimRequest) bool {
 	if req.ExpireToPending || len(q.opts.UnsyncedClaims) == 0 {
 		return false
 	}
@@ -108,13 +110,13 @@ func (q *Queue) unsyncedClaim(req ClaimRequest) bool {
 }
 
 type consentAt struct {
-	c     Consent
+	c     queue.Consent
 	found bool
 }
 
 // claimRow leases one due row, or ends it (expired, suppressed, or
 // dead_letter when its record is lost) as the state machine judges.
-func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, req ClaimRequest, now time.Time, users map[string]consentAt) (*Lease, *envRec, error) {
+func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, req queue.ClaimRequest, now time.Time, users map[string]consentAt) (*queue.Lease, *envRec, error) {
 	tenant, id := splitEnvKey(ek)
 	e, err := getEnv(tx, ek)
 	if err != nil || e == nil {
@@ -133,23 +135,23 @@ func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, r
 	// The verdict needs the recipient (suppressions target one address or
 	// subscription), so read the record.
 	env, err := q.readEnvelope(e)
-	v := RecordLost
+	v := queue.RecordLost
 	if err == nil {
-		v = Judge(env, ca.c, ca.found, now)
+		v = queue.Judge(env, ca.c, ca.found, now)
 	} else {
 		// The log (or its record) is gone: this row can never be sent.
 		// Dead-letter it instead of failing every claim behind it.
 		q.log.Error("envelope record unreadable; row dead-lettered", "operation", "claim", "status", "error", "error_class", string(envelope.ClassRecordLost))
 	}
 	fence := func() uint64 { return nextCounter(tx, keyFence) }
-	st, err := q.step(tx, ek, e, now, func(rows []Delivery) (*Step, error) {
-		return Claim(rows, seg, v, req, fence, now)
+	st, err := q.step(tx, ek, e, now, func(rows []queue.Delivery) (*queue.Step, error) {
+		return queue.Claim(rows, seg, v, req, fence, now)
 	})
 	if err != nil || v.State != envelope.StateSending {
 		return nil, nil, err
 	}
 	d := &st.Rows[seg]
-	return &Lease{
+	return &queue.Lease{
 		Envelope:   env,
 		Key:        envelope.Key{Tenant: tenant, EnvelopeID: id, Segment: seg},
 		UserID:     e.User,
@@ -202,22 +204,22 @@ func containsChannel(list []envelope.Channel, c envelope.Channel) bool {
 func beUint32(b []byte) uint32 { return binary.BigEndian.Uint32(b[:4]) }
 
 // leasedEnv loads the envelope a lease names, or ErrLeaseLost.
-func leasedEnv(tx *bolt.Tx, l *Lease) ([]byte, *envRec, error) {
+func leasedEnv(tx *bolt.Tx, l *queue.Lease) ([]byte, *envRec, error) {
 	ek := envKey(l.Key.Tenant, l.Key.EnvelopeID)
 	e, err := getEnv(tx, ek)
 	if err != nil {
 		return nil, nil, err
 	}
 	if e == nil || l.Key.Segment < 0 || l.Key.Segment >= e.Segs {
-		return nil, nil, ErrLeaseLost
+		return nil, nil, queue.ErrLeaseLost
 	}
 	return ek, e, nil
 }
 
 // withLease runs a state machine step on the envelope of lease l.
-func (q *Queue) withLease(ctx context.Context, l *Lease, f func(rows []Delivery, now time.Time) (*Step, error)) error {
+func (q *Queue) withLease(ctx context.Context, l *queue.Lease, f func(rows []queue.Delivery, now time.Time) (*queue.Step, error)) error {
 	if l == nil {
-		return ErrLeaseLost
+		return queue.ErrLeaseLost
 	}
 	wake := false
 	// A commit or release may skip fsync: if it is lost in a machine
@@ -229,7 +231,7 @@ func (q *Queue) withLease(ctx context.Context, l *Lease, f func(rows []Delivery,
 			return err
 		}
 		now := q.opts.Now()
-		st, err := q.step(tx, ek, e, now, func(rows []Delivery) (*Step, error) { return f(rows, now) })
+		st, err := q.step(tx, ek, e, now, func(rows []queue.Delivery) (*queue.Step, error) { return f(rows, now) })
 		if err == nil {
 			wake = st.Wake
 		}
@@ -242,33 +244,24 @@ func (q *Queue) withLease(ctx context.Context, l *Lease, f func(rows []Delivery,
 }
 
 // Commit implements Store.
-func (q *Queue) Commit(ctx context.Context, l *Lease, out Outcome) error {
-	if !ValidOutcome(out.State) {
-		return fmt.Errorf("%w: cannot commit %q", ErrInvalidTransition, out.State)
+func (q *Queue) Commit(ctx context.Context, l *queue.Lease, out queue.Outcome) error {
+	if !queue.ValidOutcome(out.State) {
+		return fmt.Errorf("%w: cannot commit %q", queue.ErrInvalidTransition, out.State)
 	}
-	return q.withLease(ctx, l, func(rows []Delivery, now time.Time) (*Step, error) {
-		return Commit(q.opts.Backoff, rows, l, out, now)
+	return q.withLease(ctx, l, func(rows []queue.Delivery, now time.Time) (*queue.Step, error) {
+		return queue.Commit(q.opts.Backoff, rows, l, out, now)
 	})
 }
 
-func addSuppression(list []Suppression, s Suppression) []Suppression {
-	for _, x := range list {
-		if x.Channel == s.Channel && x.Target == s.Target {
-			return list
-		}
-	}
-	return append(list, s)
-}
-
 // Release implements Store.
-func (q *Queue) Release(ctx context.Context, l *Lease) error {
-	return q.withLease(ctx, l, func(rows []Delivery, now time.Time) (*Step, error) {
-		return Release(rows, l, now)
+func (q *Queue) Release(ctx context.Context, l *queue.Lease) error {
+	return q.withLease(ctx, l, func(rows []queue.Delivery, now time.Time) (*queue.Step, error) {
+		return queue.Release(rows, l, now)
 	})
 }
 
 // Recover implements Store.
-func (q *Queue) Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error) {
+func (q *Queue) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
 	if req.Owner == "" || req.Lease <= 0 {
 		return nil, errors.New("queue: recover needs an owner and a lease duration")
 	}
@@ -310,13 +303,13 @@ func (q *Queue) Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error)
 			if err != nil {
 				return err
 			}
-			if r == nil || !LeaseExpired(ptr(toDelivery(r)), now) || (!r.ToPending && len(out) >= limit) {
+			if r == nil || !queue.LeaseExpired(ptr(toDelivery(r)), now) || (!r.ToPending && len(out) >= limit) {
 				continue
 			}
 			fence := func() uint64 { return nextCounter(tx, keyFence) }
 			var leased bool
-			st, err := q.step(tx, ek, e, now, func(rows []Delivery) (*Step, error) {
-				st, l, err := Recover(rows, seg, req, fence, now)
+			st, err := q.step(tx, ek, e, now, func(rows []queue.Delivery) (*queue.Step, error) {
+				st, l, err := queue.Recover(rows, seg, req, fence, now)
 				leased = l
 				return st, err
 			})
@@ -329,7 +322,7 @@ func (q *Queue) Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error)
 				continue
 			}
 			d := &st.Rows[seg]
-			out = append(out, claimed{&Lease{
+			out = append(out, claimed{&queue.Lease{
 				Key:    envelope.Key{Tenant: tenant, EnvelopeID: id, Segment: seg},
 				UserID: e.User, Channel: e.Channel, Owner: d.Owner, Fence: d.Fence,
 				Attempt: d.Attempts, ExpiresAt: d.LeaseEnd, Segments: e.Segs,
@@ -344,7 +337,7 @@ func (q *Queue) Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error)
 	if wake {
 		q.wake()
 	}
-	leases := make([]*Lease, 0, len(out))
+	leases := make([]*queue.Lease, 0, len(out))
 	for _, c := range out {
 		env, err := q.readEnvelope(c.env)
 		if err != nil {
@@ -379,7 +372,7 @@ func (q *Queue) NextDue(ctx context.Context) (time.Time, error) {
 }
 
 // anyDue reports whether a row matching req is due now (read only).
-func (q *Queue) anyDue(req ClaimRequest) (bool, error) {
+func (q *Queue) anyDue(req queue.ClaimRequest) (bool, error) {
 	found := false
 	err := q.view(func(tx *bolt.Tx) error {
 		nowN := q.opts.Now().UnixNano()
@@ -431,10 +424,10 @@ func (q *Queue) ReturnExpiredSeam(ctx context.Context) (int, error) {
 			if err != nil {
 				return err
 			}
-			if e == nil || r == nil || !r.ToPending || !LeaseExpired(ptr(toDelivery(r)), now) {
+			if e == nil || r == nil || !r.ToPending || !queue.LeaseExpired(ptr(toDelivery(r)), now) {
 				continue
 			}
-			if _, err := q.step(tx, ek, e, now, func(rows []Delivery) (*Step, error) { return ExpireLease(rows, seg, now) }); err != nil {
+			if _, err := q.step(tx, ek, e, now, func(rows []queue.Delivery) (*queue.Step, error) { return queue.ExpireLease(rows, seg, now) }); err != nil {
 				return err
 			}
 			q.m.seamExpired.Inc()

@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"context"
@@ -10,8 +10,10 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/outboxhq/outbox/queue"
+
 	"github.com/outboxhq/outbox/envelope"
-	"github.com/outboxhq/outbox/queue/internal/applog"
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -53,7 +55,7 @@ func Check(dir string) (*Report, error) {
 // Check runs Check on the open store.
 func (q *Queue) Check() (*Report, error) {
 	if q.isClosed() {
-		return nil, ErrClosed
+		return nil, queue.ErrClosed
 	}
 	q.barrier()
 	return checkDB(q.db, q.dir)
@@ -238,7 +240,7 @@ func Rebuild(dir string, opts *Options) (int, error) {
 			if err != nil {
 				return err
 			}
-			st, err := Rebuilt(e.Segs, fromNano(e.Exp), now)
+			st, err := queue.Rebuilt(e.Segs, fromNano(e.Exp), now)
 			if err != nil {
 				return err
 			}

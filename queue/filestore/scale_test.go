@@ -1,4 +1,4 @@
-package queue_test
+package filestore_test
 
 import (
 	"context"
@@ -12,10 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxhq/outbox/queue/filestore"
+
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/channels/fake"
 	"github.com/outboxhq/outbox/envelope"
-	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/queuetest"
 	"github.com/outboxhq/outbox/queue/worker"
 	"github.com/outboxhq/outbox/render"
@@ -42,7 +43,7 @@ func TestScale(t *testing.T) {
 	}
 	// Fill (relaxed mode: this test is about size, not durability). Rows are
 	// not due for a day so the idle measurement has nothing to claim.
-	q, err := queue.Open(dir, &queue.Options{NoSync: true, DisableWatcher: true, RescanInterval: -1})
+	q, err := filestore.Open(dir, &filestore.Options{NoSync: true, DisableWatcher: true, RescanInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func TestScale(t *testing.T) {
 
 	runtime.GC()
 	t0 := time.Now()
-	q, err = queue.Open(dir, nil)
+	q, err = filestore.Open(dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func TestScale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fi, _ := os.Stat(dir + "/" + queue.IndexFile)
+	fi, _ := os.Stat(dir + "/" + filestore.IndexFile)
 	msg := fmt.Sprintf("scale: %d pending rows over %d users: Open %s, heap %d MiB, idle CPU %s over 2s, index %d MiB",
 		c.Total(envelope.StatePending), users, open.Round(time.Millisecond), ms.HeapAlloc>>20, idle, fi.Size()>>20)
 	t.Log(msg)

@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxhq/outbox/queue"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -64,7 +65,7 @@ func TestErase_RacingAnEnqueueLeavesNoRow(t *testing.T) {
 	if err := <-erased; err != nil {
 		t.Fatal(err)
 	}
-	if st, err := q.Get(ctx, "", "late"); !errors.Is(err, ErrNotFound) {
+	if st, err := q.Get(ctx, "", "late"); !errors.Is(err, queue.ErrNotFound) {
 		t.Fatalf("after Erase, the envelope appended before it is indexed: %+v, %v", st, err)
 	}
 }
@@ -176,7 +177,7 @@ func TestErase_RacingEnqueuesLeaveAConsistentStore(t *testing.T) {
 	if !rep.OK() {
 		t.Fatalf("store inconsistent after enqueues racing erases: %v", rep.Problems)
 	}
-	leases, err := q.Claim(ctx, ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 1000})
+	leases, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

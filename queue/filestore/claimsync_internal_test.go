@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"context"
@@ -10,13 +10,13 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
 )
 
 // openUnsynced opens a store whose claims of chat replies may skip fsync.
 func openUnsynced(t *testing.T, dir string) *Queue {
 	t.Helper()
-	q, err := Open(dir, &Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DisableWatcher: true, RescanInterval: -1,
-		UnsyncedClaims: []envelope.Channel{envelope.ChannelTelegram}})
+	q, err := Open(dir, &Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, DisableWatcher: true, RescanInterval: -1, UnsyncedClaims: []envelope.Channel{envelope.ChannelTelegram}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,13 +44,13 @@ func TestClaim_UnsyncedOnlyForTheListedChannels(t *testing.T) {
 	defer q.beforeCommit.Store(nil)
 	for _, tc := range []struct {
 		name     string
-		req      ClaimRequest
+		req      queue.ClaimRequest
 		unsynced bool
 	}{
-		{"listed channel", ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}}, true},
-		{"one channel not listed", ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram, envelope.ChannelEmail}}, false},
-		{"every channel", ClaimRequest{}, false},
-		{"seam claim", ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, ExpireToPending: true}, false},
+		{"listed channel", queue.ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}}, true},
+		{"one channel not listed", queue.ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram, envelope.ChannelEmail}}, false},
+		{"every channel", queue.ClaimRequest{}, false},
+		{"seam claim", queue.ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, ExpireToPending: true}, false},
 	} {
 		noSync = nil
 		tc.req.Owner, tc.req.Lease = "w", time.Minute
@@ -83,7 +83,7 @@ func TestClaim_UnsyncedClaimLostInACrashIsRedelivered(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	req := ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute}
+	req := queue.ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute}
 	q = openUnsynced(t, dir)
 	first, err := q.Claim(ctx, req)
 	if err != nil || len(first) != 1 {

@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"bytes"
@@ -15,8 +15,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxhq/outbox/queue"
+
 	"github.com/outboxhq/outbox/envelope"
-	"github.com/outboxhq/outbox/queue/internal/applog"
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -63,7 +65,7 @@ type Queue struct {
 	ready     chan struct{}
 }
 
-var _ Store = (*Queue)(nil)
+var _ queue.Store = (*Queue)(nil)
 
 // op is one write run by the writer goroutine inside a shared bbolt
 // transaction. fn must check before it writes: an error return must leave
@@ -248,7 +250,7 @@ func (q *Queue) writeLoop() {
 			for {
 				select {
 				case o := <-q.ops:
-					o.finish(ErrClosed)
+					o.finish(queue.ErrClosed)
 				default:
 					return
 				}
@@ -315,13 +317,13 @@ func (q *Queue) write(ctx context.Context, skipSync bool, fn func(tx *bolt.Tx) e
 		return err
 	}
 	if q.isClosed() {
-		return ErrClosed
+		return queue.ErrClosed
 	}
 	o := &op{fn: fn, skipSync: skipSync, done: make(chan struct{})}
 	select {
 	case q.ops <- o:
 	case <-q.stop:
-		return ErrClosed
+		return queue.ErrClosed
 	}
 	<-o.done
 	return o.err
@@ -339,7 +341,7 @@ func (q *Queue) submitIndex(fn func(tx *bolt.Tx) error, after func(error)) {
 	select {
 	case q.ops <- o:
 	case <-q.stop:
-		o.finish(ErrClosed)
+		o.finish(queue.ErrClosed)
 	}
 }
 
@@ -357,7 +359,7 @@ func (q *Queue) barrier() {
 // view runs a read transaction after the pending index updates.
 func (q *Queue) view(fn func(tx *bolt.Tx) error) error {
 	if q.isClosed() {
-		return ErrClosed
+		return queue.ErrClosed
 	}
 	q.barrier()
 	return q.db.View(fn)
@@ -367,7 +369,7 @@ func (q *Queue) view(fn func(tx *bolt.Tx) error) error {
 // updates (Enqueue's own checks, which rely on its reservations instead).
 func (q *Queue) viewNow(fn func(tx *bolt.Tx) error) error {
 	if q.isClosed() {
-		return ErrClosed
+		return queue.ErrClosed
 	}
 	return q.db.View(fn)
 }

@@ -1,8 +1,10 @@
-package queue
+package filestore
 
 import (
 	"fmt"
 	"time"
+
+	"github.com/outboxhq/outbox/queue"
 
 	"github.com/outboxhq/outbox/envelope"
 	bolt "go.etcd.io/bbolt"
@@ -12,15 +14,15 @@ import (
 // format); every change goes through the state machine (machine.go) and
 // is written by apply.
 
-func toDelivery(r *rowRec) Delivery {
-	return Delivery{
+func toDelivery(r *rowRec) queue.Delivery {
+	return queue.Delivery{
 		State: r.State, Attempts: r.Attempts, Budget: r.Base, Class: r.Class, Receipt: r.Receipt,
 		Due: fromNano(r.Due), Owner: r.Owner, Fence: r.Fence, LeaseEnd: fromNano(r.LeaseEnd),
 		From: r.Prev, ToPending: r.ToPending, Updated: fromNano(r.Updated), History: r.History,
 	}
 }
 
-func fromDelivery(d *Delivery) rowRec {
+func fromDelivery(d *queue.Delivery) rowRec {
 	return rowRec{
 		State: d.State, Attempts: d.Attempts, Base: d.Budget, Class: d.Class, Receipt: d.Receipt,
 		Due: nano(d.Due), Owner: d.Owner, Fence: d.Fence, LeaseEnd: nano(d.LeaseEnd),
@@ -29,9 +31,9 @@ func fromDelivery(d *Delivery) rowRec {
 }
 
 // loadRows reads every row of envelope ek.
-func loadRows(tx *bolt.Tx, ek []byte, e *envRec) ([]rowRec, []Delivery, error) {
+func loadRows(tx *bolt.Tx, ek []byte, e *envRec) ([]rowRec, []queue.Delivery, error) {
 	recs := make([]rowRec, e.Segs)
-	ds := make([]Delivery, e.Segs)
+	ds := make([]queue.Delivery, e.Segs)
 	for seg := range recs {
 		r, err := getRow(tx, rowKey(ek, seg))
 		if err != nil {
@@ -48,11 +50,11 @@ func loadRows(tx *bolt.Tx, ek []byte, e *envRec) ([]rowRec, []Delivery, error) {
 
 // apply writes a state machine step on envelope ek: the changed rows (with
 // their index entries and counts) and the suppression it asks for.
-func (q *Queue) apply(tx *bolt.Tx, ek []byte, e *envRec, recs []rowRec, st *Step, now time.Time) error {
+func (q *Queue) apply(tx *bolt.Tx, ek []byte, e *envRec, recs []rowRec, st *queue.Step, now time.Time) error {
 	tenant, _ := splitEnvKey(ek)
 	// Read what the suppression needs before writing anything: an error
 	// must leave the transaction as it was (other ops commit with it).
-	var c Consent
+	var c queue.Consent
 	var env *envelope.Envelope
 	if st.Suppress != "" {
 		var err error
@@ -74,13 +76,13 @@ func (q *Queue) apply(tx *bolt.Tx, ek []byte, e *envRec, recs []rowRec, st *Step
 	if env == nil {
 		return nil
 	}
-	c.Suppressions = addSuppression(c.Suppressions, SuppressionFor(env, st.Suppress, now))
+	c.Add(queue.SuppressionFor(env, st.Suppress, now))
 	c.UpdatedAt = now
 	return putConsent(tx, tenant, e.User, c)
 }
 
 // step loads envelope ek's rows, runs f on them and applies the result.
-func (q *Queue) step(tx *bolt.Tx, ek []byte, e *envRec, now time.Time, f func([]Delivery) (*Step, error)) (*Step, error) {
+func (q *Queue) step(tx *bolt.Tx, ek []byte, e *envRec, now time.Time, f func([]queue.Delivery) (*queue.Step, error)) (*queue.Step, error) {
 	recs, ds, err := loadRows(tx, ek, e)
 	if err != nil {
 		return nil, err

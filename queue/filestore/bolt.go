@@ -1,10 +1,12 @@
-package queue
+package filestore
 
 import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"time"
+
+	"github.com/outboxhq/outbox/queue"
 
 	"github.com/outboxhq/outbox/envelope"
 	bolt "go.etcd.io/bbolt"
@@ -71,7 +73,7 @@ type rowRec struct {
 	Prev      envelope.State      `json:"p,omitempty"`
 	ToPending bool                `json:"tp,omitempty"`
 	Base      int                 `json:"b,omitempty"` // attempts before the last requeue: the retry budget counts from here
-	History   []Attempt           `json:"h,omitempty"`
+	History   []queue.Attempt     `json:"h,omitempty"`
 }
 
 func u64(v uint64) []byte {
@@ -218,16 +220,16 @@ func putRow(tx *bolt.Tx, ek []byte, seg int, e *envRec, tenant string, old, r *r
 	return tx.Bucket(bktRows).Put(rk, v)
 }
 
-func getConsent(tx *bolt.Tx, tenant, user string) (Consent, bool, error) {
+func getConsent(tx *bolt.Tx, tenant, user string) (queue.Consent, bool, error) {
 	v := tx.Bucket(bktConsent).Get(consentKey(tenant, user))
 	if v == nil {
-		return Consent{}, false, nil
+		return queue.Consent{}, false, nil
 	}
-	var c Consent
+	var c queue.Consent
 	return c, true, json.Unmarshal(v, &c)
 }
 
-func putConsent(tx *bolt.Tx, tenant, user string, c Consent) error {
+func putConsent(tx *bolt.Tx, tenant, user string, c queue.Consent) error {
 	v, err := json.Marshal(c)
 	if err != nil {
 		return err

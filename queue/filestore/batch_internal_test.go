@@ -1,4 +1,4 @@
-package queue
+package filestore
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
 )
 
 // countCommits counts the writer's transactions from now on.
@@ -55,7 +56,7 @@ func TestIndex_EnqueuesReadsAndClaimsUnderLoad(t *testing.T) {
 	go func() {
 		defer close(claimer)
 		for {
-			leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 16})
+			leases, err := q.Claim(ctx, queue.ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 16})
 			if err != nil {
 				errs <- err
 				return
@@ -83,7 +84,7 @@ func TestIndex_EnqueuesReadsAndClaimsUnderLoad(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	leases, err := q.Claim(ctx, ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 1000})
+	leases, err := q.Claim(ctx, queue.ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute, Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
