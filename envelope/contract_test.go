@@ -11,9 +11,8 @@ import (
 	"testing"
 	"unicode/utf16"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
-
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // deliveryDir holds the shared fixtures (SPEC §2).

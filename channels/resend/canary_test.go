@@ -9,10 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
+	"golang.org/x/time/rate"
 )
 
 // errorTexts returns every text an error chain can print.

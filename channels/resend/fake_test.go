@@ -15,9 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/outboxhq/outbox/envelope"
+	"golang.org/x/time/rate"
 )
 
 // testAPIKey is the key the fake accepts.

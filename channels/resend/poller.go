@@ -14,10 +14,9 @@ import (
 	"sync"
 	"time"
 
-	resendapi "github.com/resend/resend-go/v2"
-
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
+	resendapi "github.com/resend/resend-go/v2"
 )
 
 // Poller defaults.

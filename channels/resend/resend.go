@@ -15,11 +15,10 @@ import (
 	"sync"
 	"time"
 
-	resendapi "github.com/resend/resend-go/v2"
-	"golang.org/x/time/rate"
-
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
+	resendapi "github.com/resend/resend-go/v2"
+	"golang.org/x/time/rate"
 )
 
 // Defaults.

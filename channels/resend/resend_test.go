@@ -15,11 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-	"golang.org/x/time/rate"
-
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
+	"go.uber.org/goleak"
+	"golang.org/x/time/rate"
 )
 
 func TestMain(m *testing.M) {

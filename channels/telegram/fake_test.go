@@ -13,9 +13,8 @@ import (
 	"sync"
 	"testing"
 
-	"golang.org/x/time/rate"
-
 	"github.com/outboxhq/outbox/envelope"
+	"golang.org/x/time/rate"
 )
 
 // sentMessage is one sendMessage request the fake Bot API accepted for

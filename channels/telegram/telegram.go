@@ -64,10 +64,9 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
+	"golang.org/x/time/rate"
 )
 
 // Name is the provider's name in Capabilities, metrics and logs.

@@ -72,7 +72,6 @@ import (
 	"time"
 
 	wp "github.com/SherClockHolmes/webpush-go"
-
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
 )

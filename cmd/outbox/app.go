@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/outboxhq/outbox/queue/filestore"
-
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/channels/resend"
 	"github.com/outboxhq/outbox/channels/sink"
@@ -19,6 +17,7 @@ import (
 	"github.com/outboxhq/outbox/channels/webpush"
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
 	"github.com/outboxhq/outbox/queue/httpapi"
 	"github.com/outboxhq/outbox/queue/worker"
 	"github.com/outboxhq/outbox/render"

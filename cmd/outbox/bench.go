@@ -20,11 +20,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/outboxhq/outbox/queue/filestore"
-
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
 	"github.com/outboxhq/outbox/queue/worker"
 	"github.com/outboxhq/outbox/render"
 )

@@ -17,10 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxhq/outbox/queue/filestore"
-
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
 )
 
 // TestDrill_Kill is the kill drill: outbox serve runs with the sink

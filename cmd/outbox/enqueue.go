@@ -5,9 +5,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/outboxhq/outbox/queue/filestore"
-
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue/filestore"
 )
 
 func init() {

@@ -15,10 +15,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/outboxhq/outbox/queue/filestore"
-
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
 )
 
 // backend is what the operator commands need. It is served by the store

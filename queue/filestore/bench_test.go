@@ -12,10 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxhq/outbox/queue/filestore"
-
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
 )
 
 var benchText = strings.Repeat("outbox bench filler text. ", 30)[:750]

@@ -6,9 +6,8 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/outboxhq/outbox/queue"
-
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
 	bolt "go.etcd.io/bbolt"
 )
 

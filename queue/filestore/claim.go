@@ -9,9 +9,8 @@ import (
 	"sort"
 	"time"
 
-	"github.com/outboxhq/outbox/queue"
-
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
 	bolt "go.etcd.io/bbolt"
 )
 

@@ -3,9 +3,8 @@ package filestore_test
 import (
 	"testing"
 
-	"github.com/outboxhq/outbox/queue/filestore"
-
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
 	"github.com/outboxhq/outbox/queue/queuetest"
 )
 

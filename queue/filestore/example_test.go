@@ -8,10 +8,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/outboxhq/outbox/queue/filestore"
-
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
 )
 
 // Open a store, enqueue a chat reply, lease it, and commit the outcome with

@@ -1,11 +1,10 @@
 package filestore
 
 import (
-	"fmt"
-
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -15,11 +14,10 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
+	bolt "go.etcd.io/bbolt"
 )
 
 func faultEnvelope(id, user string) *envelope.Envelope {

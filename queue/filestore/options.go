@@ -4,9 +4,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/outboxhq/outbox/queue"
-
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
 )
 
 // Default option values.

@@ -12,11 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxhq/outbox/queue/filestore"
-
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/channels/fake"
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue/filestore"
 	"github.com/outboxhq/outbox/queue/queuetest"
 	"github.com/outboxhq/outbox/queue/worker"
 	"github.com/outboxhq/outbox/render"

@@ -9,9 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outboxhq/outbox/queue"
-
 	"github.com/fsnotify/fsnotify"
+	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	bolt "go.etcd.io/bbolt"
 )

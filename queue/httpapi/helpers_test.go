@@ -16,10 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxhq/outbox/queue/filestore"
-
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
 )
 
 const testToken = "test-token-7c1e5d0f9a2b4c68"

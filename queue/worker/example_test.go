@@ -8,12 +8,11 @@ import (
 	"os"
 	"time"
 
-	"github.com/outboxhq/outbox/queue/filestore"
-
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/channels/sink"
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
 	"github.com/outboxhq/outbox/queue/worker"
 	"github.com/outboxhq/outbox/render"
 )

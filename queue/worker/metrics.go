@@ -6,10 +6,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Outcome label values of outbox_deliveries_total beyond the row states.

@@ -5,12 +5,11 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/outboxhq/outbox/envelope"
-	"github.com/outboxhq/outbox/queue"
 )
 
 // Log keys: the only keys the worker ever logs.

@@ -4,11 +4,10 @@ import (
 	"context"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Task statuses that are not row states.

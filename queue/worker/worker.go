@@ -10,13 +10,12 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
-	"golang.org/x/time/rate"
-
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	"golang.org/x/time/rate"
 )
 
 // Internal timing.
