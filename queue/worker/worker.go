@@ -86,6 +86,9 @@ type hooks struct {
 	// turnStart and turnEnd are called at the start and the end of each
 	// loop turn.
 	turnStart, turnEnd func()
+	// sleep is called with the wait the loop arms its timer for, just
+	// before it sleeps.
+	sleep func(wait time.Duration)
 }
 
 // New validates cfg and returns a worker. Errors name the Config field at
@@ -288,6 +291,9 @@ func (w *Worker) loop(ctx context.Context) error {
 		}
 		if wait <= 0 {
 			continue
+		}
+		if w.hooks != nil && w.hooks.sleep != nil {
+			w.hooks.sleep(wait)
 		}
 		timer.Reset(wait)
 		select {
