@@ -61,10 +61,10 @@ type Worker struct {
 	rescan       time.Duration
 	idem         map[envelope.Channel]bool // per channel: its provider redelivers idempotently
 
-	slots     chan struct{} // one token per task in flight
-	slotFreed chan struct{} // a task finished (coalesced)
-	kick      chan struct{} // wake the loop (coalesced)
-	wg        sync.WaitGroup
+	slots chan struct{} // one token per task in flight
+	tasks chan struct{} // a task freed its slot or recorded a due time (coalesced)
+	kick  chan struct{} // wake the loop (coalesced)
+	wg    sync.WaitGroup
 
 	hintMu sync.Mutex
 	hints  []time.Time // sorted due times this worker knows of (its retries, its abandoned leases)
@@ -110,7 +110,7 @@ func New(cfg Config) (*Worker, error) {
 		now:       c.Now,
 		rescan:    DefaultRescanInterval,
 		slots:     make(chan struct{}, c.Concurrency),
-		slotFreed: make(chan struct{}, 1),
+		tasks:     make(chan struct{}, 1),
 		kick:      make(chan struct{}, 1),
 	}
 	if c.Tenant != "" {
@@ -306,7 +306,7 @@ func (w *Worker) loop(ctx context.Context) error {
 			stale = 0
 		case <-w.kick:
 			stale = 0
-		case <-w.slotFreed:
+		case <-w.tasks:
 		case <-timer.C:
 		}
 		timer.Stop() // Go ≥ 1.23 timers: no stale tick survives Stop or Reset
@@ -441,17 +441,29 @@ func (w *Worker) nextWait(ctx context.Context, progress, saturated bool, stale *
 	return wait
 }
 
-// addHint remembers a due time of this worker's own rows.
+// addHint remembers a due time of this worker's own rows (a retry just
+// committed, a lease left to expire) and makes the loop take a turn: the
+// due time may be earlier than the one its timer is armed for, which it
+// computed before the task's commit reached the store.
 func (w *Worker) addHint(t time.Time) {
 	w.hintMu.Lock()
-	defer w.hintMu.Unlock()
 	i, _ := slices.BinarySearchFunc(w.hints, t, func(a, b time.Time) int { return a.Compare(b) })
-	if i >= maxHints {
-		return
+	if i < maxHints {
+		w.hints = slices.Insert(w.hints, i, t)
+		if len(w.hints) > maxHints {
+			w.hints = w.hints[:maxHints]
+		}
 	}
-	w.hints = slices.Insert(w.hints, i, t)
-	if len(w.hints) > maxHints {
-		w.hints = w.hints[:maxHints]
+	w.hintMu.Unlock()
+	w.taskSignal()
+}
+
+// taskSignal makes the loop take a turn for a task (without resetting the
+// stale back-off, unlike wake).
+func (w *Worker) taskSignal() {
+	select {
+	case w.tasks <- struct{}{}:
+	default:
 	}
 }
 
@@ -480,10 +492,7 @@ func (w *Worker) dispatch(ctx context.Context, op string, l *queue.Lease) {
 		free := func() {
 			once.Do(func() {
 				<-w.slots
-				select {
-				case w.slotFreed <- struct{}{}:
-				default:
-				}
+				w.taskSignal()
 			})
 		}
 		defer func() {
