@@ -390,3 +390,37 @@ func TestWorker_RetryClaimedWhenDueBesideUnclaimableRow(t *testing.T) {
 		})
 	}
 }
+
+// A retry that becomes due while the loop is in a turn woken by something
+// else (here a kick, as a new enqueue would) is claimed at once: it is not
+// mistaken for a row of someone else's and backed off from.
+func TestWorker_RetryDueDuringTurnClaimedAtOnce(t *testing.T) {
+	for _, st := range timerStores {
+		t.Run(st.name, func(t *testing.T) {
+			clock := queuetest.NewClock(t0)
+			s := st.open(t, clock, queue.Backoff{Base: time.Second, NoJitter: true})
+			env := queuetest.Nudge("n1", "u1")
+			key := keyOf(env, 0)
+			push := &flaky{Provider: fake.New(envelope.ChannelPush), fails: map[envelope.Key]int{key: 1}}
+			mustEnqueue(t, s, env)
+			tr := startTimerRun(t, clock, s, map[envelope.Channel]channels.Provider{envelope.ChannelPush: push})
+
+			due := tr.checkTimer(t, "after the failed attempt")
+			if want := t0.Add(time.Second); !due.Equal(want) {
+				t.Fatalf("retry due at %v, want %v", due, want)
+			}
+			// Just before the retry is due, something wakes the loop; its
+			// claim finds nothing due, and the retry's due time passes
+			// before the turn ends.
+			clock.Set(due.Add(-time.Millisecond))
+			tr.store.mu.Lock()
+			tr.store.afterClaim = func() { clock.Set(due) }
+			tr.store.mu.Unlock()
+			tr.sync(t) // the turn of the kick
+			tr.claimEachWhenDue(t)
+			if seg := segment(t, s, key); seg.State != envelope.StateSent || seg.Attempts != 2 {
+				t.Errorf("row: %s after %d attempts, want sent after 2", seg.State, seg.Attempts)
+			}
+		})
+	}
+}

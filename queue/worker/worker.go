@@ -269,6 +269,7 @@ func (w *Worker) loop(ctx context.Context) error {
 		if w.hooks != nil && w.hooks.turnStart != nil {
 			w.hooks.turnStart()
 		}
+		start := w.now()
 		progress, saturated, err := w.turn(ctx)
 		var wait time.Duration
 		switch {
@@ -284,7 +285,7 @@ func (w *Worker) loop(ctx context.Context) error {
 			if progress {
 				stale = 0
 			}
-			wait = w.nextWait(ctx, progress, saturated, &stale)
+			wait = w.nextWait(ctx, start, progress, saturated, &stale)
 		}
 		if w.hooks != nil && w.hooks.turnEnd != nil {
 			w.hooks.turnEnd()
@@ -406,8 +407,10 @@ func (w *Worker) tokenWait(t time.Time) time.Duration {
 	return wait
 }
 
-// nextWait decides how long the loop sleeps after a turn, unless woken.
-func (w *Worker) nextWait(ctx context.Context, progress, saturated bool, stale *time.Duration) time.Duration {
+// nextWait decides how long the loop sleeps after a turn that began at
+// start, unless woken. What was due at start the turn has claimed, as far as
+// this worker can; what became due since, it may not have seen.
+func (w *Worker) nextWait(ctx context.Context, start time.Time, progress, saturated bool, stale *time.Duration) time.Duration {
 	wait := w.rescan
 	if saturated {
 		return wait // a finishing task wakes the loop
@@ -422,18 +425,19 @@ func (w *Worker) nextWait(ctx context.Context, progress, saturated bool, stale *
 	case due.IsZero():
 	case due.After(now):
 		wait = min(wait, due.Sub(now))
-	case progress:
-		return 0 // more may be due: look again at once
+	case progress || due.After(start):
+		return 0 // more may be due, or it became due during the turn: look again at once
 	default:
-		// The earliest due row is not claimable by this worker (another
-		// tenant's, a channel without provider, a blocked segment), and it
-		// hides the store's later due times: fall back to what this worker
-		// knows, and look again with a growing back-off.
+		// Due before the turn began, and the turn claimed nothing: the
+		// earliest due row is not claimable by this worker (another
+		// tenant's, a channel without provider, a rate-limited channel),
+		// and it hides the store's later due times. Fall back to what this
+		// worker knows, and look again with a growing back-off.
 		*stale = min(max(2**stale, staleWaitMin), w.rescan)
 		wait = min(wait, *stale)
 	}
-	if h, ok := w.nextHint(now); ok {
-		wait = min(wait, max(h.Sub(now), time.Millisecond))
+	if h, ok := w.nextHint(start); ok {
+		wait = min(wait, h.Sub(now)) // ≤ 0 when it became due during the turn
 	}
 	if tw := w.tokenWait(time.Now()); tw > 0 {
 		wait = min(wait, tw)
@@ -467,12 +471,13 @@ func (w *Worker) taskSignal() {
 	}
 }
 
-// nextHint drops the hints not after now and returns the earliest one left.
-func (w *Worker) nextHint(now time.Time) (time.Time, bool) {
+// nextHint drops the hints not after start (a turn that began at start has
+// claimed their rows) and returns the earliest one left.
+func (w *Worker) nextHint(start time.Time) (time.Time, bool) {
 	w.hintMu.Lock()
 	defer w.hintMu.Unlock()
 	i := 0
-	for i < len(w.hints) && !w.hints[i].After(now) {
+	for i < len(w.hints) && !w.hints[i].After(start) {
 		i++
 	}
 	w.hints = w.hints[i:]
