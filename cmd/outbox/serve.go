@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -191,13 +192,14 @@ func runServe(ctx context.Context, e *env, args []string) int {
 
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
+	var bg sync.WaitGroup // the goroutines that use the store: ended before it is closed
 	workerDone := make(chan error, 1)
 	if a.w != nil {
-		go func() { workerDone <- a.w.Run(runCtx) }()
+		bg.Go(func() { workerDone <- a.w.Run(runCtx) })
 	} else {
 		log.Info("no provider for any channel: the built-in worker is off; rows wait for /internal/outbox/pending", "operation", "serve")
 		workerDone <- nil
-		go func() {
+		bg.Go(func() {
 			t := time.NewTicker(max(*f.seamLease/10, time.Second))
 			defer t.Stop()
 			for {
@@ -208,33 +210,39 @@ func runServe(ctx context.Context, e *env, args []string) int {
 					_, _ = a.q.ReturnExpiredSeam(runCtx)
 				}
 			}
-		}()
+		})
 	}
 	if a.poller != nil {
-		go func() { _ = a.poller.Run(runCtx) }()
+		bg.Go(func() { _ = a.poller.Run(runCtx) })
 	}
-	go runPruner(runCtx, a.q, time.Hour, log)
+	bg.Go(func() { runPruner(runCtx, a.q, time.Hour, log) })
 	srvErr := make(chan error, 2)
 	go func() { srvErr <- srv.Serve(ln) }()
 	go func() { srvErr <- opSrv.Serve(sock) }()
 	fmt.Fprintf(e.Stderr, "listening on http://%s\n", ln.Addr())
 
+	code := exitOK
 	select {
 	case <-ctx.Done():
 	case err := <-srvErr:
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http server failed", "operation", "serve", "status", "error")
-			return exitFailure
+			code = exitFailure
 		}
 	}
 	// A second signal exits at once.
 	again := make(chan os.Signal, 1)
 	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(again)
+	stopped := make(chan struct{})
+	defer close(stopped)
 	go func() {
-		<-again
-		fmt.Fprintln(e.Stderr, "second signal: exiting now")
-		os.Exit(exitFailure)
+		select {
+		case <-again:
+			fmt.Fprintln(e.Stderr, "second signal: exiting now")
+			os.Exit(exitFailure)
+		case <-stopped:
+		}
 	}()
 	log.Info("shutting down", "operation", "serve", "status", "stopping")
 	shCtx, cancel := context.WithTimeout(context.Background(), *f.shutdown)
@@ -242,10 +250,10 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	_ = srv.Shutdown(shCtx)
 	_ = opSrv.Shutdown(shCtx)
 	stopRun()
-	code := exitOK
 	if err := <-workerDone; err != nil && !errors.Is(err, context.Canceled) {
 		log.Warn("worker stopped with in-flight deliveries left for reconciliation", "operation", "serve", "status", "timeout")
 	}
+	bg.Wait()
 	if err := a.close(); err != nil {
 		log.Error("close store failed", "operation", "serve", "status", "error")
 		code = exitFailure

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore"
@@ -29,7 +31,7 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv("OUTBOX_TEST_CHILD"); mode != "" {
 		os.Exit(runChild(mode, os.Getenv("OUTBOX_TEST_DIR"), os.Getenv("OUTBOX_TEST_ARG")))
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m) // the writer and the tailer end with Close
 }
 
 func child(t testing.TB, mode, dir, arg string) *exec.Cmd {

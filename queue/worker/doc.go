@@ -9,8 +9,9 @@
 //	claim (batch) → render → [rate limit] → Deliver (ctx with the lease deadline) → Commit
 //
 // It is woken at once by the store's Notify channel (in-process enqueues and
-// the tailer), by a timer set to the store's next due time, and by a slow
-// safety tick; idle, it sleeps.
+// the tailer), by its tasks (a freed slot, a committed retry), by a timer set
+// to the earliest due time it knows of (the store's next due time, its own
+// retries and leases), and by a slow safety tick; idle, it sleeps.
 //
 // # Outcomes
 //

@@ -17,7 +17,7 @@ import (
 )
 
 // TestWorker_FileStoreWithRenderer runs the worker end to end on the
-// file-backed store (queue.Open in a temp dir) with the real renderer:
+// file store (filestore.Open in a temp dir) with the real renderer:
 // a digest, a nudge and a three-segment reply are each delivered once, a
 // lost receipt is reconciled after its lease, and a worker restarted on a
 // reopened store finishes what the first left.

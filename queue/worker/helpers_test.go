@@ -190,6 +190,13 @@ func startWorker(t testing.TB, cfg Config) *running {
 
 func runWorker(t testing.TB, w *Worker) *running {
 	t.Helper()
+	return runWorkerWith(t, w, nil)
+}
+
+// runWorkerWith is runWorker; more, when not nil, may add to the hooks
+// before Run starts.
+func runWorkerWith(t testing.TB, w *Worker, more func(r *running, h *hooks)) *running {
+	t.Helper()
 	r := &running{w: w, done: make(chan error, 1)}
 	w.hooks = &hooks{
 		taskDone: func(op string, key envelope.Key, res result) {
@@ -199,6 +206,9 @@ func runWorker(t testing.TB, w *Worker) *running {
 		},
 		turnStart: func() { r.starts.Add(1) },
 		turnEnd:   func() { r.ends.Add(1) },
+	}
+	if more != nil {
+		more(r, w.hooks)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel

@@ -99,7 +99,9 @@ func (w *Worker) deliver(ctx context.Context, l *queue.Lease, callDone func()) r
 
 // deliverLease runs one delivery. callDone is called once the provider call
 // has returned: the slot is free for the next claim while this commit is
-// still being written, so that claims and commits share transactions.
+// still being written, so that claims and commits share transactions. The
+// loop may thus compute its wait before the commit lands; a retry's due time
+// reaches it through addHint (in settled), which wakes it.
 func (w *Worker) deliverLease(ctx context.Context, l *queue.Lease, callDone func()) result {
 	ch := l.Channel
 	if ctx.Err() != nil {
@@ -276,7 +278,7 @@ func storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // commit commits out for l and counts it. For a retryable outcome it reads
 // the row back: the store may have made it dead_letter (attempt limit), and
-// its due time is a hint for the loop's timer.
+// its due time is a hint for the loop's timer (and wakes the loop).
 func (w *Worker) commit(ctx context.Context, l *queue.Lease, out queue.Outcome) result {
 	sctx, cancel := storeContext(ctx)
 	defer cancel()

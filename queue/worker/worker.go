@@ -60,10 +60,10 @@ type Worker struct {
 	rescan       time.Duration
 	idem         map[envelope.Channel]bool // per channel: its provider redelivers idempotently
 
-	slots     chan struct{} // one token per task in flight
-	slotFreed chan struct{} // a task finished (coalesced)
-	kick      chan struct{} // wake the loop (coalesced)
-	wg        sync.WaitGroup
+	slots chan struct{} // one token per task in flight
+	tasks chan struct{} // a task freed its slot or recorded a due time (coalesced)
+	kick  chan struct{} // wake the loop (coalesced)
+	wg    sync.WaitGroup
 
 	hintMu sync.Mutex
 	hints  []time.Time // sorted due times this worker knows of (its retries, its abandoned leases)
@@ -85,6 +85,9 @@ type hooks struct {
 	// turnStart and turnEnd are called at the start and the end of each
 	// loop turn.
 	turnStart, turnEnd func()
+	// sleep is called with the wait the loop arms its timer for, just
+	// before it sleeps.
+	sleep func(wait time.Duration)
 }
 
 // New validates cfg and returns a worker. Errors name the Config field at
@@ -106,7 +109,7 @@ func New(cfg Config) (*Worker, error) {
 		now:       c.Now,
 		rescan:    DefaultRescanInterval,
 		slots:     make(chan struct{}, c.Concurrency),
-		slotFreed: make(chan struct{}, 1),
+		tasks:     make(chan struct{}, 1),
 		kick:      make(chan struct{}, 1),
 	}
 	if c.Tenant != "" {
@@ -265,6 +268,7 @@ func (w *Worker) loop(ctx context.Context) error {
 		if w.hooks != nil && w.hooks.turnStart != nil {
 			w.hooks.turnStart()
 		}
+		start := w.now()
 		progress, saturated, err := w.turn(ctx)
 		var wait time.Duration
 		switch {
@@ -280,13 +284,16 @@ func (w *Worker) loop(ctx context.Context) error {
 			if progress {
 				stale = 0
 			}
-			wait = w.nextWait(ctx, progress, saturated, &stale)
+			wait = w.nextWait(ctx, start, progress, saturated, &stale)
 		}
 		if w.hooks != nil && w.hooks.turnEnd != nil {
 			w.hooks.turnEnd()
 		}
 		if wait <= 0 {
 			continue
+		}
+		if w.hooks != nil && w.hooks.sleep != nil {
+			w.hooks.sleep(wait)
 		}
 		timer.Reset(wait)
 		select {
@@ -299,7 +306,7 @@ func (w *Worker) loop(ctx context.Context) error {
 			stale = 0
 		case <-w.kick:
 			stale = 0
-		case <-w.slotFreed:
+		case <-w.tasks:
 		case <-timer.C:
 		}
 		timer.Stop() // Go ≥ 1.23 timers: no stale tick survives Stop or Reset
@@ -399,8 +406,10 @@ func (w *Worker) tokenWait(t time.Time) time.Duration {
 	return wait
 }
 
-// nextWait decides how long the loop sleeps after a turn, unless woken.
-func (w *Worker) nextWait(ctx context.Context, progress, saturated bool, stale *time.Duration) time.Duration {
+// nextWait decides how long the loop sleeps after a turn that began at
+// start, unless woken. What was due at start the turn has claimed, as far as
+// this worker can; what became due since, it may not have seen.
+func (w *Worker) nextWait(ctx context.Context, start time.Time, progress, saturated bool, stale *time.Duration) time.Duration {
 	wait := w.rescan
 	if saturated {
 		return wait // a finishing task wakes the loop
@@ -415,18 +424,19 @@ func (w *Worker) nextWait(ctx context.Context, progress, saturated bool, stale *
 	case due.IsZero():
 	case due.After(now):
 		wait = min(wait, due.Sub(now))
-	case progress:
-		return 0 // more may be due: look again at once
+	case progress || due.After(start):
+		return 0 // more may be due, or it became due during the turn: look again at once
 	default:
-		// The earliest due row is not claimable by this worker (another
-		// tenant's, a channel without provider, a blocked segment), and it
-		// hides the store's later due times: fall back to what this worker
-		// knows, and look again with a growing back-off.
+		// Due before the turn began, and the turn claimed nothing: the
+		// earliest due row is not claimable by this worker (another
+		// tenant's, a channel without provider, a rate-limited channel),
+		// and it hides the store's later due times. Fall back to what this
+		// worker knows, and look again with a growing back-off.
 		*stale = min(max(2**stale, staleWaitMin), w.rescan)
 		wait = min(wait, *stale)
 	}
-	if h, ok := w.nextHint(now); ok {
-		wait = min(wait, max(h.Sub(now), time.Millisecond))
+	if h, ok := w.nextHint(start); ok {
+		wait = min(wait, h.Sub(now)) // ≤ 0 when it became due during the turn
 	}
 	if tw := w.tokenWait(time.Now()); tw > 0 {
 		wait = min(wait, tw)
@@ -434,26 +444,39 @@ func (w *Worker) nextWait(ctx context.Context, progress, saturated bool, stale *
 	return wait
 }
 
-// addHint remembers a due time of this worker's own rows.
+// addHint remembers a due time of this worker's own rows (a retry just
+// committed, a lease left to expire) and makes the loop take a turn: the
+// due time may be earlier than the one its timer is armed for, which it
+// computed before the task's commit reached the store.
 func (w *Worker) addHint(t time.Time) {
 	w.hintMu.Lock()
-	defer w.hintMu.Unlock()
 	i, _ := slices.BinarySearchFunc(w.hints, t, func(a, b time.Time) int { return a.Compare(b) })
-	if i >= maxHints {
-		return
+	if i < maxHints {
+		w.hints = slices.Insert(w.hints, i, t)
+		if len(w.hints) > maxHints {
+			w.hints = w.hints[:maxHints]
+		}
 	}
-	w.hints = slices.Insert(w.hints, i, t)
-	if len(w.hints) > maxHints {
-		w.hints = w.hints[:maxHints]
+	w.hintMu.Unlock()
+	w.taskSignal()
+}
+
+// taskSignal makes the loop take a turn for a task (without resetting the
+// stale back-off, unlike wake).
+func (w *Worker) taskSignal() {
+	select {
+	case w.tasks <- struct{}{}:
+	default:
 	}
 }
 
-// nextHint drops the hints not after now and returns the earliest one left.
-func (w *Worker) nextHint(now time.Time) (time.Time, bool) {
+// nextHint drops the hints not after start (a turn that began at start has
+// claimed their rows) and returns the earliest one left.
+func (w *Worker) nextHint(start time.Time) (time.Time, bool) {
 	w.hintMu.Lock()
 	defer w.hintMu.Unlock()
 	i := 0
-	for i < len(w.hints) && !w.hints[i].After(now) {
+	for i < len(w.hints) && !w.hints[i].After(start) {
 		i++
 	}
 	w.hints = w.hints[i:]
@@ -473,10 +496,7 @@ func (w *Worker) dispatch(ctx context.Context, op string, l *queue.Lease) {
 		free := func() {
 			once.Do(func() {
 				<-w.slots
-				select {
-				case w.slotFreed <- struct{}{}:
-				default:
-				}
+				w.taskSignal()
 			})
 		}
 		defer func() {

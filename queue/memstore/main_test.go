@@ -1,0 +1,10 @@
+package memstore_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the tests when a goroutine started by a test or the contract suite outlives them.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
