@@ -21,7 +21,7 @@ func TestDifferential(t *testing.T) {
 			}},
 			{Name: "file", Harness: fileHarness(func(o *queue.Options) { o.NoSync = true })},
 		},
-		Seeds: 24,
+		Seeds: 40,
 		Steps: 60,
 	})
 }

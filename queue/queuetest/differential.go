@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,17 +49,19 @@ type DiffConfig struct {
 	// field and stores involved) reported before the test stops
 	// (default 3; OUTBOX_DIFF_REPORTS=n raises it).
 	MaxReports int
-	// ShrinkRuns bounds the replays spent shrinking one divergence
-	// (default 300; negative disables shrinking).
+	// ShrinkRuns and ShrinkTime bound the replays and the time spent
+	// shrinking one divergence (defaults 300 and 10s; negative ShrinkRuns
+	// disables shrinking).
 	ShrinkRuns int
+	ShrinkTime time.Duration
 }
 
 // DiffOpKinds lists the kinds of operation Differential generates, for
 // DiffConfig.Exclude. "edge" is the calls the contract leaves open (an
-// empty user id, an unknown suppression channel).
+// empty user id, an unknown suppression channel, a nil envelope or lease).
 var DiffOpKinds = []string{
 	"enqueue", "consent", "suppress", "claim", "commit", "release", "advance",
-	"recover", "requeue", "resolve", "erase", "prune", "reopen", "edge",
+	"recover", "requeue", "resolve", "erase", "prune", "reopen", "edge", "close", "work",
 }
 
 // The options every store of a differential run is opened with (plus its
@@ -113,7 +116,7 @@ func Differential(t testing.TB, cfg DiffConfig) {
 		}
 		seen[d.sig] = true
 		d = shrinkDiff(t, cfg, d)
-		t.Error(d.report(cfg))
+		t.Error(d.report(cfg, t.Name()))
 		if reports++; reports >= cfg.MaxReports {
 			t.Logf("queuetest.Differential: stopped at seed %d after %d distinct divergences", seed, reports)
 			return
@@ -144,6 +147,9 @@ func (c DiffConfig) withDefaults() DiffConfig {
 	}
 	if c.ShrinkRuns == 0 {
 		c.ShrinkRuns = 300
+	}
+	if c.ShrinkTime <= 0 {
+		c.ShrinkTime = 10 * time.Second
 	}
 	if s, ok := envInt("OUTBOX_DIFF_SEED"); ok {
 		c.FirstSeed, c.Seeds = uint64(s), 1
@@ -186,6 +192,7 @@ type diffRun struct {
 	ref     int // the party the others are compared with
 	ids     map[pair]bool
 	users   map[pair]bool
+	steps   int // the length of the run
 }
 
 func diffOptions(clock *Clock) *queue.Options {
@@ -220,7 +227,7 @@ type divergence struct {
 // returns the first divergence, or nil.
 func runDiff(t testing.TB, cfg DiffConfig, seed uint64, next func(r *diffRun, step int) diffOp, steps int) *divergence {
 	t.Helper()
-	r := &diffRun{t: t, ctx: context.Background(), ids: map[pair]bool{}, users: map[pair]bool{}}
+	r := &diffRun{t: t, ctx: context.Background(), ids: map[pair]bool{}, users: map[pair]bool{}, steps: steps}
 	mp := newParty("model", Harness{})
 	r.model = newModel(mp.opts)
 	mp.store = r.model
@@ -354,8 +361,10 @@ func shrinkDiff(t testing.TB, cfg DiffConfig, d *divergence) *divergence {
 		return d
 	}
 	best := d
+	deadline := time.Now().Add(cfg.ShrinkTime)
 	try := func(ops []diffOp) bool {
-		if best.runs >= cfg.ShrinkRuns {
+		if best.runs >= cfg.ShrinkRuns || time.Now().After(deadline) {
+			best.runs = max(best.runs, cfg.ShrinkRuns)
 			return false
 		}
 		best.runs++
@@ -397,6 +406,17 @@ func shrinkDiff(t testing.TB, cfg DiffConfig, d *divergence) *divergence {
 		}
 	}
 	simplify := func() bool {
+		// Two advances of the clock in a row are one.
+		for i := 0; i+1 < len(best.ops); i++ {
+			a, ok1 := best.ops[i].(*opAdvance)
+			b, ok2 := best.ops[i+1].(*opAdvance)
+			if ok1 && ok2 {
+				ops := append(slices.Clone(best.ops[:i]), &opAdvance{d: a.d + b.d})
+				if try(append(ops, best.ops[i+2:]...)) {
+					return true
+				}
+			}
+		}
 		for i := 0; i < len(best.ops); i++ {
 			s, ok := best.ops[i].(interface{ simpler() []diffOp })
 			if !ok {
@@ -418,7 +438,7 @@ func shrinkDiff(t testing.TB, cfg DiffConfig, d *divergence) *divergence {
 	return best
 }
 
-func (d *divergence) report(cfg DiffConfig) string {
+func (d *divergence) report(cfg DiffConfig, test string) string {
 	var b strings.Builder
 	verb := "differs"
 	if len(d.odd) > 1 {
@@ -444,7 +464,7 @@ func (d *divergence) report(cfg DiffConfig) string {
 		}
 		b.WriteString("    " + l + "\n")
 	}
-	fmt.Fprintf(&b, "  replay the whole seed: OUTBOX_DIFF_SEED=%d OUTBOX_DIFF_STEPS=%d go test -run <the test> <package>", d.seed, cfg.Steps)
+	fmt.Fprintf(&b, "  replay the whole seed: OUTBOX_DIFF_SEED=%d OUTBOX_DIFF_STEPS=%d go test -run '^%s$' <its package>", d.seed, cfg.Steps, test)
 	return b.String()
 }
 
@@ -498,16 +518,41 @@ func errText(err error) string {
 	return s
 }
 
+// envHashes caches envHash by the envelope's fields (encoding a long
+// reply for every observation would be most of a run's time).
+var envHashes sync.Map
+
+// envHash fingerprints an envelope's JSON encoding (which does not depend
+// on how a store keeps times or raw payload bytes).
 func envHash(e *envelope.Envelope) string {
 	if e == nil {
 		return "nil"
+	}
+	var k strings.Builder
+	for _, s := range []string{e.SchemaVersion, e.ID, e.UserID, e.TenantID, string(e.Channel), string(e.Template),
+		e.Recipient.Email, strconv.FormatBool(e.Recipient.EmailVerified), e.Recipient.ChatID,
+		strconv.FormatBool(e.ConsentSnapshot.DigestEnabled), e.ConsentSnapshot.Cadence, e.ConsentSnapshot.UnsubscribeRef,
+		e.NotBefore.String(), e.ExpiresAt.String(), e.CreatedAt.String(), string(e.Payload)} {
+		k.WriteString(s)
+		k.WriteByte(0)
+	}
+	if p := e.Recipient.PushSubscription; p != nil {
+		fmt.Fprintf(&k, "%s\x00%s\x00%s\x00%v", p.Endpoint, p.Keys.P256dh, p.Keys.Auth, p.ExpirationTime != nil)
+		if p.ExpirationTime != nil {
+			fmt.Fprintf(&k, "%v", *p.ExpirationTime)
+		}
+	}
+	if h, ok := envHashes.Load(k.String()); ok {
+		return h.(string)
 	}
 	b, err := json.Marshal(e)
 	if err != nil {
 		return "unencodable"
 	}
-	h := sha256.Sum256(b)
-	return hex.EncodeToString(h[:5])
+	sum := sha256.Sum256(b)
+	h := hex.EncodeToString(sum[:5])
+	envHashes.Store(k.String(), h)
+	return h
 }
 
 // fence names a fence by its issue number in p.
@@ -821,6 +866,84 @@ func (o *opClaim) apply(r *diffRun, p *party) []line {
 	return p.took(p.store.Claim(r.ctx, req))
 }
 
+// opWork is one turn of a worker: optionally a Recover whose leases are
+// committed as their reconciliation found (routs, in order), then a claim
+// whose leases are committed with the outcomes drawn for them (outs).
+type opWork struct {
+	recover bool
+	rreq    queue.ClaimRequest
+	routs   []queue.Outcome
+	req     queue.ClaimRequest
+	outs    []queue.Outcome
+}
+
+func (o *opWork) kind() string { return "work" }
+func (o *opWork) String() string {
+	texts := func(outs []queue.Outcome) string {
+		s := make([]string, len(outs))
+		for i, out := range outs {
+			s[i] = outcomeText(out)
+		}
+		return strings.Join(s, "; ")
+	}
+	s := "Work("
+	if o.recover {
+		s += (&opClaim{req: o.rreq, recover: true}).String() + " committing " + texts(o.routs) + ", then "
+	}
+	return s + (&opClaim{req: o.req}).String() + " committing " + texts(o.outs) + ")"
+}
+func (o *opWork) note(*diffRun) {}
+
+func (o *opWork) simpler() []diffOp {
+	var out []diffOp
+	if o.recover {
+		c := *o
+		c.recover, c.routs = false, nil
+		out = append(out, &c)
+		if len(o.routs) > 1 {
+			c := *o
+			c.rreq.Limit, c.routs = 1, o.routs[:1]
+			out = append(out, &c)
+		}
+	}
+	if len(o.outs) > 1 {
+		for i := range o.outs {
+			c := *o
+			c.req.Limit, c.outs = 1, o.outs[i:i+1]
+			out = append(out, &c)
+		}
+	}
+	if len(o.req.Channels) > 0 || o.req.Tenant != "" {
+		c := *o
+		c.req.Channels, c.req.Tenant = nil, ""
+		out = append(out, &c)
+	}
+	return out
+}
+func (o *opWork) apply(r *diffRun, p *party) []line {
+	var out []line
+	commit := func(name string, ls []*queue.Lease, outs []queue.Outcome) {
+		for i, l := range ls {
+			if i < len(outs) && l != nil {
+				out = append(out, line{fmt.Sprintf("op.%s.commit[%d]", name, i), errText(p.store.Commit(r.ctx, l, outs[i]))})
+			}
+		}
+	}
+	if o.recover {
+		ls, err := p.store.Recover(r.ctx, o.rreq)
+		for _, l := range p.took(ls, err) {
+			out = append(out, line{"op.recover." + strings.TrimPrefix(l.key, "op."), l.val})
+		}
+		commit("recover", ls, o.routs)
+	}
+	req := o.req
+	req.Channels = slices.Clone(o.req.Channels)
+	ls, err := p.store.Claim(r.ctx, req)
+	out = append(out, p.took(ls, err)...)
+	commit("claim", ls, o.outs)
+	return out
+}
+
 // leaseRef names a lease by its row and its place among the leases
 // returned for that row (0 = the first).
 type leaseRef struct {
@@ -854,22 +977,24 @@ type opCommit struct {
 	out queue.Outcome
 }
 
-func (o *opCommit) kind() string { return "commit" }
-func (o *opCommit) String() string {
-	s := fmt.Sprintf("Commit(%s, %s", o.ref, o.out.State)
-	if o.out.Class != "" {
-		s += " class=" + string(o.out.Class)
+func (o *opCommit) kind() string   { return "commit" }
+func (o *opCommit) String() string { return fmt.Sprintf("Commit(%s, %s)", o.ref, outcomeText(o.out)) }
+
+func outcomeText(o queue.Outcome) string {
+	s := string(o.State)
+	if o.Class != "" {
+		s += " class=" + string(o.Class)
 	}
-	if o.out.RetryAfter > 0 {
-		s += " RetryAfter=" + o.out.RetryAfter.String()
+	if o.RetryAfter > 0 {
+		s += " RetryAfter=" + o.RetryAfter.String()
 	}
-	if o.out.NoAttempt {
+	if o.NoAttempt {
 		s += " NoAttempt"
 	}
-	if o.out.Receipt != "" {
-		s += " receipt=" + o.out.Receipt
+	if o.Receipt != "" {
+		s += " receipt=" + o.Receipt
 	}
-	return s + ")"
+	return s
 }
 func (o *opCommit) note(*diffRun) {}
 func (o *opCommit) apply(r *diffRun, p *party) []line {
@@ -930,6 +1055,8 @@ func (o *opAdmin) String() string {
 		return fmt.Sprintf("SetConsent(%s/%q, %+v)", o.tenant, o.id, o.flags)
 	case "suppress":
 		return fmt.Sprintf("Suppress(%s/%q, %s target=%q reason=%s at=%s)", o.tenant, o.id, o.sup.Channel, short(o.sup.Target), o.sup.Reason, at(o.sup.At))
+	case "nil":
+		return "Enqueue(a reply, nil); Commit(nil lease, sent); Release(nil lease)"
 	}
 	return "Prune()"
 }
@@ -960,8 +1087,69 @@ func (o *opAdmin) apply(r *diffRun, p *party) []line {
 	case "prune":
 		n, err := s.Prune(ctx)
 		return []line{{"op.err", errText(err)}, {"op.pruned", strconv.Itoa(n)}}
+	case "nil":
+		_, err := s.Enqueue(ctx, Reply("r-1", "u-1", "hello"), nil)
+		return []line{{"op.Enqueue", errText(err)},
+			{"op.Commit", errText(s.Commit(ctx, nil, queue.Outcome{State: envelope.StateSent}))},
+			{"op.Release", errText(s.Release(ctx, nil))}}
 	}
 	return []line{{"op.err", errText(err)}}
+}
+
+// opClose closes the store and then calls every method: each must
+// return ErrClosed (Close itself nil). It ends a run.
+type opClose struct{}
+
+func (opClose) kind() string   { return "close" }
+func (opClose) String() string { return "Close(), then every method" }
+func (opClose) note(*diffRun)  {}
+func (opClose) apply(r *diffRun, p *party) []line {
+	ctx, s := r.ctx, p.store
+	var l *queue.Lease
+	for _, k := range slices.SortedFunc(func(yield func(envelope.Key) bool) {
+		for k := range p.leases {
+			if !yield(k) {
+				return
+			}
+		}
+	}, func(a, b envelope.Key) int { return strings.Compare(a.String(), b.String()) }) {
+		l = p.leases[k][len(p.leases[k])-1]
+		break
+	}
+	if l == nil {
+		l = &queue.Lease{Key: envelope.Key{Tenant: envelope.DefaultTenant, EnvelopeID: "r-1"}, Owner: "w-1", Fence: 1}
+	}
+	req := queue.ClaimRequest{Owner: "w-1", Lease: time.Minute, Limit: 1}
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"Close", s.Close},
+		{"Enqueue", func() error { _, err := s.Enqueue(ctx, Reply("r-1", "u-1", "hello")); return err }},
+		{"Claim", func() error { _, err := s.Claim(ctx, req); return err }},
+		{"Commit", func() error { return s.Commit(ctx, l, queue.Outcome{State: envelope.StateSent}) }},
+		{"Release", func() error { return s.Release(ctx, l) }},
+		{"Recover", func() error { _, err := s.Recover(ctx, req); return err }},
+		{"NextDue", func() error { _, err := s.NextDue(ctx); return err }},
+		{"Get", func() error { _, err := s.Get(ctx, "", "r-1"); return err }},
+		{"List", func() error { _, err := s.List(ctx, queue.ListFilter{}); return err }},
+		{"Counts", func() error { _, err := s.Counts(ctx, ""); return err }},
+		{"Requeue", func() error { return s.Requeue(ctx, "", "r-1") }},
+		{"Resolve", func() error { return s.Resolve(ctx, "", "r-1", envelope.StateSent) }},
+		{"Consent", func() error { _, err := s.Consent(ctx, "", "u-1"); return err }},
+		{"SetConsent", func() error { return s.SetConsent(ctx, "", "u-1", queue.ConsentFlags{}) }},
+		{"Suppress", func() error {
+			return s.Suppress(ctx, "", "u-1", queue.Suppression{Channel: envelope.ChannelEmail, Reason: envelope.ClassUnsubscribed})
+		}},
+		{"Erase", func() error { return s.Erase(ctx, "", "u-1") }},
+		{"Prune", func() error { _, err := s.Prune(ctx); return err }},
+		{"Close again", s.Close},
+	}
+	var out []line
+	for _, c := range calls {
+		out = append(out, line{"op." + c.name, errText(c.call())})
+	}
+	return out
 }
 
 type opReopen struct{}

@@ -14,10 +14,20 @@ import (
 
 // diffGen generates a run's operations from a seed, looking at the
 // model's state to pick targets (a live lease, an envelope to requeue).
+// Each seed also draws its own mix (swarm testing): the weights of the
+// operations, how often a commit is a retry, how often a claim is
+// ExpireToPending and how many ids the envelopes share, so that some runs
+// dwell on retries of a few rows and others on many rows and leases.
 type diffGen struct {
-	rng     *rand.Rand
-	weights []weighted
-	reopen  bool
+	rng      *rand.Rand
+	weights  []weighted
+	reopen   bool
+	closing  bool
+	retry    float64 // share of retryable outcomes
+	e2p      float64 // share of ExpireToPending claims
+	ids      int     // ids per kind of envelope
+	grants   int     // the first steps grant every consent to a user
+	excluded []string
 }
 
 type weighted struct {
@@ -29,17 +39,36 @@ type weighted struct {
 var diffWeights = []weighted{
 	{"enqueue", 14}, {"consent", 4}, {"suppress", 2}, {"claim", 14}, {"commit", 16},
 	{"release", 3}, {"advance", 12}, {"recover", 5}, {"requeue", 3}, {"resolve", 3},
-	{"erase", 2}, {"prune", 2}, {"reopen", 2}, {"edge", 1},
+	{"erase", 2}, {"prune", 2}, {"reopen", 2}, {"edge", 1}, {"work", 10},
 }
 
 func newDiffGen(seed uint64, cfg DiffConfig) *diffGen {
-	g := &diffGen{rng: rand.New(rand.NewPCG(seed, 0x6f7574626f78))}
+	g := &diffGen{rng: rand.New(rand.NewPCG(seed, 0x6f7574626f78)), excluded: cfg.Exclude}
 	for _, s := range cfg.Stores {
 		g.reopen = g.reopen || s.Harness.Reopen != nil
+	}
+	g.closing = !slices.Contains(cfg.Exclude, "close") && g.chance(1.0/3)
+	g.retry = oneOf(g, 0.15, 0.3, 0.3, 0.6)
+	g.e2p = oneOf(g, 0.0, 0.15, 0.15, 0.5)
+	g.ids = oneOf(g, 1, 2, 3, 3, 4)
+	g.grants = oneOf(g, 0, 1, 2, 3, 3)
+	// A third of the runs are mostly a worker: turns of claim and commit,
+	// with time moved to the next due row, retrying rows to their limit.
+	worker := g.chance(1.0 / 3)
+	if worker {
+		g.retry = oneOf(g, 0.6, 0.85)
 	}
 	for _, w := range diffWeights {
 		if slices.Contains(cfg.Exclude, w.kind) || (w.kind == "reopen" && !g.reopen) {
 			continue
+		}
+		switch {
+		case worker && (w.kind == "work" || w.kind == "advance"):
+			w.w *= 4
+		case w.kind == "enqueue", w.kind == "claim", w.kind == "commit", w.kind == "advance", w.kind == "work":
+			w.w *= oneOf(g, 1, 1, 2)
+		default:
+			w.w = int(float64(w.w) * oneOf(g, 0.0, 0.5, 1, 1, 2, 3))
 		}
 		g.weights = append(g.weights, w)
 	}
@@ -55,8 +84,15 @@ var (
 	diffUsers   = []string{"u-1", "u-2", "u-3"}
 )
 
-// next returns the step's operation.
+// next returns the step's operation. A third of the runs end with Close.
 func (g *diffGen) next(r *diffRun, step int) diffOp {
+	if step == r.steps-1 && g.closing {
+		return opClose{}
+	}
+	if step < g.grants && !slices.Contains(g.excluded, "consent") {
+		return &opAdmin{what: "consent", tenant: oneOf(g, diffTenants...), id: oneOf(g, diffUsers...),
+			flags: queue.ConsentFlags{DigestEnabled: true, PushEnabled: true, EmailVerified: true, Cadence: "weekly"}}
+	}
 	total := 0
 	for _, w := range g.weights {
 		total += w.w
@@ -93,6 +129,25 @@ func (g *diffGen) build(r *diffRun, kind string) diffOp {
 		return &opAdmin{what: "suppress", tenant: oneOf(g, diffTenants...), id: user, sup: g.suppression(user, now)}
 	case "claim", "recover":
 		return g.claim(kind == "recover")
+	case "work":
+		c := g.claim(false).(*opClaim)
+		c.req.ExpireToPending = false
+		w := &opWork{req: c.req}
+		for range max(c.req.Limit, 1) {
+			w.outs = append(w.outs, g.outcome())
+		}
+		if g.chance(0.5) {
+			w.recover = true
+			w.rreq = g.claim(true).(*opClaim).req
+			w.rreq.Owner, w.rreq.Lease = c.req.Owner, c.req.Lease
+			for range max(w.rreq.Limit, 1) {
+				w.routs = append(w.routs, oneOf(g,
+					queue.Outcome{State: envelope.StateSent, Receipt: "found"},
+					queue.Outcome{State: envelope.StateRetryable, Class: envelope.ClassReconcileRejected, NoAttempt: true},
+					queue.Outcome{State: envelope.StateUnresolved, Class: envelope.ClassReconcileUnknown}))
+			}
+		}
+		return w
 	case "commit":
 		ref, ok := g.lease(r, 0.8)
 		if !ok {
@@ -106,6 +161,10 @@ func (g *diffGen) build(r *diffRun, kind string) diffOp {
 		}
 		return &opRelease{ref: ref}
 	case "advance":
+		// Half the time to the next due time or lease end, when later.
+		if due, _ := r.model.NextDue(r.ctx); due.After(now) && g.chance(0.5) {
+			return &opAdvance{d: due.Sub(now)}
+		}
 		return &opAdvance{d: oneOf(g,
 			time.Millisecond, time.Second, time.Second, 2*time.Second, 10*time.Second, 10*time.Second,
 			30*time.Second, 30*time.Second, 31*time.Second, time.Minute, 2*time.Minute, 5*time.Minute,
@@ -125,7 +184,9 @@ func (g *diffGen) build(r *diffRun, kind string) diffOp {
 		return opReopen{}
 	case "edge":
 		tenant := oneOf(g, diffTenants...)
-		switch g.rng.IntN(4) {
+		switch g.rng.IntN(5) {
+		case 4:
+			return &opAdmin{what: "nil", edge: true}
 		case 0:
 			return &opAdmin{what: "consent", tenant: tenant, flags: queue.ConsentFlags{PushEnabled: true}, edge: true}
 		case 1:
@@ -181,19 +242,19 @@ func (g *diffGen) envelope(now time.Time) (*envelope.Envelope, string) {
 	var desc string
 	switch g.rng.IntN(10) {
 	case 0, 1:
-		e, desc = Digest(oneOf(g, "d-1", "d-2", "d-3"), user), "digest"
+		e, desc = Digest(g.id("d"), user), "digest"
 	case 2, 3:
-		e, desc = Nudge(oneOf(g, "n-1", "n-2", "n-3"), user), "nudge"
+		e, desc = Nudge(g.id("n"), user), "nudge"
 		if g.chance(0.3) {
 			e.Recipient.PushSubscription.Endpoint = EndpointOf(user + "/second-device")
 			desc += " (second device)"
 		}
 	case 4, 5, 6:
-		e, desc = Reply(oneOf(g, "r-1", "r-2", "r-3", "r-4"), user, "hello"), "reply"
+		e, desc = Reply(g.id("r"), user, "hello"), "reply"
 	default:
 		texts := replyTexts()
 		k := g.rng.IntN(len(texts))
-		e, desc = Reply(oneOf(g, "L-1", "L-2", "L-3"), user, texts[k]), fmt.Sprintf("reply of %d segments", k+2)
+		e, desc = Reply(g.id("L"), user, texts[k]), fmt.Sprintf("reply of %d segments", k+2)
 	}
 	switch t := oneOf(g, diffTenants...); {
 	case t == "acme":
@@ -239,6 +300,11 @@ func (g *diffGen) envelope(now time.Time) (*envelope.Envelope, string) {
 	return e, desc
 }
 
+// id returns one of the run's ids of a kind ("r-1" … "r-<ids>").
+func (g *diffGen) id(prefix string) string {
+	return fmt.Sprintf("%s-%d", prefix, 1+g.rng.IntN(g.ids))
+}
+
 func (g *diffGen) suppression(user string, now time.Time) queue.Suppression {
 	s := queue.Suppression{
 		Channel: oneOf(g, envelope.Channels...),
@@ -275,7 +341,7 @@ func (g *diffGen) claim(recover bool) diffOp {
 		req.Owner = "rescuer"
 		req.Limit = oneOf(g, 0, 1, 2, 10)
 	} else {
-		req.ExpireToPending = g.chance(0.15)
+		req.ExpireToPending = g.chance(g.e2p)
 	}
 	if g.chance(0.3) {
 		req.Tenant = oneOf(g, envelope.DefaultTenant, "acme")
@@ -333,8 +399,18 @@ func (g *diffGen) lease(r *diffRun, live float64) (leaseRef, bool) {
 
 func (g *diffGen) outcome() queue.Outcome {
 	var o queue.Outcome
+	if g.chance(g.retry) {
+		o = queue.Outcome{State: envelope.StateRetryable, Class: oneOf(g, envelope.ClassTimeout, envelope.ClassRateLimited, envelope.ClassProviderUnavailable)}
+		if g.chance(0.3) {
+			o.RetryAfter = oneOf(g, time.Second, 5*time.Second, 30*time.Second, 2*time.Minute)
+		}
+		if g.chance(0.15) {
+			o.Class, o.NoAttempt = envelope.ClassReconcileRejected, true
+		}
+		return o
+	}
 	switch n := g.rng.IntN(100); {
-	case n < 30:
+	case n < 40:
 		o = queue.Outcome{State: envelope.StateSent, Receipt: fmt.Sprintf("rc-%d", g.rng.IntN(1000))}
 	case n < 60:
 		o = queue.Outcome{State: envelope.StateRetryable, Class: oneOf(g, envelope.ClassTimeout, envelope.ClassRateLimited, envelope.ClassProviderUnavailable)}
