@@ -261,8 +261,8 @@ func runDiff(t testing.TB, cfg DiffConfig, seed uint64, next func(r *diffRun, st
 			results[i] = guard("op", func() []line { return op.apply(r, p) })
 			results[i] = append(results[i], guard("observe", func() []line { return r.observe(p, step) })...)
 		}
-		if lines, odd, agree := r.compare(results, cfg.NoModel); lines != nil {
-			sig := op.kind() + ":" + fieldOf(lines[0][:strings.IndexByte(lines[0], ':')]) + ":" + strings.Join(odd, ",")
+		if lines, first, odd, agree := r.compare(results, cfg.NoModel); lines != nil {
+			sig := op.kind() + ":" + fieldOf(first) + ":" + strings.Join(odd, ",")
 			return &divergence{seed: seed, ops: ops, sig: sig, lines: lines, odd: odd, agree: agree, before: len(ops)}
 		}
 	}
@@ -279,10 +279,11 @@ func guard(what string, fn func() []line) (out []line) {
 	return fn()
 }
 
-// compare returns the lines on which the parties disagree, and on the
-// first of them the parties that differ from the reference and those that
-// agree with it. Without the model, the model's lines are left out.
-func (r *diffRun) compare(results [][]line, noModel bool) (out, odd, agree []string) {
+// compare returns the lines on which the parties disagree, and the key of
+// the first of them with the parties that differ there from the reference
+// and those that agree with it. Without the model, the model's lines are
+// left out.
+func (r *diffRun) compare(results [][]line, noModel bool) (out []string, first string, odd, agree []string) {
 	from := 0
 	if noModel {
 		from = 1
@@ -321,7 +322,7 @@ func (r *diffRun) compare(results [][]line, noModel bool) (out, odd, agree []str
 			continue
 		}
 		if odd == nil {
-			odd = who
+			first, odd = k, who
 			for i := from; i < len(vals); i++ {
 				if !slices.Contains(who, r.parties[i].name) {
 					agree = append(agree, r.parties[i].name)
@@ -339,7 +340,7 @@ func (r *diffRun) compare(results [][]line, noModel bool) (out, odd, agree []str
 		}
 		out = append(out, b.String())
 	}
-	return out, odd, agree
+	return out, first, odd, agree
 }
 
 // fieldOf is the field part of an observation key ("Get(t/x)#1.state" →
@@ -362,9 +363,9 @@ func shrinkDiff(t testing.TB, cfg DiffConfig, d *divergence) *divergence {
 	}
 	best := d
 	deadline := time.Now().Add(cfg.ShrinkTime)
+	budget := func() bool { return best.runs < cfg.ShrinkRuns && time.Now().Before(deadline) }
 	try := func(ops []diffOp) bool {
-		if best.runs >= cfg.ShrinkRuns || time.Now().After(deadline) {
-			best.runs = max(best.runs, cfg.ShrinkRuns)
+		if !budget() {
 			return false
 		}
 		best.runs++
@@ -386,9 +387,9 @@ func shrinkDiff(t testing.TB, cfg DiffConfig, d *divergence) *divergence {
 	// envelopes, a claim without one of its filters); again while that
 	// changed something.
 	drop := func() {
-		for chunk := max(len(best.ops)/2, 1); best.runs < cfg.ShrinkRuns; {
+		for chunk := max(len(best.ops)/2, 1); budget(); {
 			removed := false
-			for i := 0; i < len(best.ops) && best.runs < cfg.ShrinkRuns; {
+			for i := 0; i < len(best.ops) && budget(); {
 				ops := best.ops
 				cand := append(slices.Clone(ops[:i]), ops[min(i+chunk, len(ops)):]...)
 				if len(cand) > 0 && try(cand) {
@@ -432,7 +433,7 @@ func shrinkDiff(t testing.TB, cfg DiffConfig, d *divergence) *divergence {
 		}
 		return false
 	}
-	for drop(); best.runs < cfg.ShrinkRuns && simplify(); {
+	for drop(); budget() && simplify(); {
 		drop()
 	}
 	return best

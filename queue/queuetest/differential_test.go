@@ -78,6 +78,14 @@ func memHarness(mod func(*queue.Options)) queuetest.Harness {
 	}}
 }
 
+// fixedBudget keeps the check's budget whatever OUTBOX_DIFF_* variables
+// say (an empty value counts as unset).
+func fixedBudget(t *testing.T) {
+	for _, v := range []string{"OUTBOX_DIFF_SEED", "OUTBOX_DIFF_SEEDS", "OUTBOX_DIFF_STEPS", "OUTBOX_DIFF_REPORTS"} {
+		t.Setenv(v, "")
+	}
+}
+
 // defectConfig is the budget the check gives each defect.
 func defectConfig(stores ...queuetest.DiffStore) queuetest.DiffConfig {
 	return queuetest.DiffConfig{Stores: stores, Seeds: 20, Steps: 100, MaxReports: 1, ShrinkRuns: -1}
@@ -86,6 +94,7 @@ func defectConfig(stores ...queuetest.DiffStore) queuetest.DiffConfig {
 // TestDifferential_Memstore runs the in-memory store alone against the
 // model: the baseline of the seeded-defect check below.
 func TestDifferential_Memstore(t *testing.T) {
+	fixedBudget(t)
 	queuetest.Differential(t, defectConfig(queuetest.DiffStore{Name: "memstore", Harness: memHarness(nil)}))
 }
 
@@ -93,6 +102,7 @@ func TestDifferential_Memstore(t *testing.T) {
 // store and checks that Differential reports it, and names the broken
 // store (the check itself passes).
 func TestDifferential_Catches(t *testing.T) {
+	fixedBudget(t) // before the parallel subtests, which run once this returns
 	defects := []struct {
 		name string
 		h    queuetest.Harness
