@@ -180,3 +180,18 @@ func (e *Envelope) ReplyPayload() (*ReplyPayload, error) {
 	var p ReplyPayload
 	return &p, json.Unmarshal(e.Payload, &p)
 }
+
+// Clone returns a deep copy of e.
+func (e *Envelope) Clone() *Envelope {
+	c := *e
+	c.Payload = append(json.RawMessage(nil), e.Payload...)
+	if ps := e.Recipient.PushSubscription; ps != nil {
+		p := *ps
+		if ps.ExpirationTime != nil {
+			t := *ps.ExpirationTime
+			p.ExpirationTime = &t
+		}
+		c.Recipient.PushSubscription = &p
+	}
+	return &c
+}

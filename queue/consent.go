@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -137,6 +138,17 @@ func EmailSuppression(address string, reason envelope.ErrorClass, at time.Time) 
 func CheckSubscription(sub envelope.PushSubscription) error {
 	if sub.Endpoint == "" || sub.Keys.P256dh == "" || sub.Keys.Auth == "" {
 		return errors.New("queue: push subscription needs endpoint, keys.p256dh and keys.auth")
+	}
+	return nil
+}
+
+// ErrNoUser is returned by SetConsent, Suppress and Erase without a user id.
+var ErrNoUser = errors.New("queue: user id is required")
+
+// CheckSuppression reports what a suppression to be added lacks.
+func CheckSuppression(s Suppression) error {
+	if !s.Channel.Valid() {
+		return fmt.Errorf("queue: suppression channel %q is not a known channel", s.Channel)
 	}
 	return nil
 }

@@ -142,7 +142,6 @@ func (s *Step) settleRest(seg int, to envelope.State, class envelope.ErrorClass,
 func (s *Step) unblockAfter(seg int, now time.Time) {
 	if i := seg + 1; i < len(s.Rows) && s.Rows[i].Waiting() {
 		s.Rows[i].Due = now
-		s.Rows[i].Updated = now
 		s.touch(i)
 		s.Wake = true
 	}
@@ -255,13 +254,16 @@ func Claim(rows []Delivery, seg int, v Verdict, req ClaimRequest, fence func() u
 	return s, nil
 }
 
-// Holds reports whether lease l holds row d: ErrStaleFence when another
-// fence or owner holds it, ErrLeaseLost when it is no longer sending.
+// Holds reports whether lease l holds row d. Fences never go backwards, so
+// a row with a newer fence was leased again since (ErrStaleFence), and a
+// row with an older one is not the row that was leased (it was erased and
+// enqueued again: ErrLeaseLost); a row that is no longer sending is
+// ErrLeaseLost.
 func Holds(d *Delivery, l *Lease) error {
 	switch {
-	case d.Fence != l.Fence:
+	case d.Fence > l.Fence:
 		return ErrStaleFence
-	case d.State != envelope.StateSending:
+	case d.Fence < l.Fence, d.State != envelope.StateSending:
 		return ErrLeaseLost
 	case d.Owner != l.Owner:
 		return ErrStaleFence
@@ -433,12 +435,18 @@ func Requeueable(st envelope.State) bool {
 }
 
 // Requeue returns an envelope's dead_letter, unresolved, expired and
-// suppressed segments to pending with a fresh attempt budget (attempts and
-// history are kept). The first segment not sent is due now; the later ones
-// wait for their turn.
+// suppressed segments to pending with a fresh attempt budget (attempts,
+// the last error class and history are kept). The first segment not sent
+// is due now; the later ones wait for their turn. When that first segment
+// cannot be requeued (bounced, complaint: the recipient is gone), nothing
+// can go, and Requeue refuses.
 func Requeue(rows []Delivery, now time.Time) (*Step, error) {
 	s := newStep(rows)
-	for i := range s.Rows {
+	first := slices.IndexFunc(s.Rows, func(d Delivery) bool { return d.State != envelope.StateSent })
+	if first < 0 || !Requeueable(s.Rows[first].State) {
+		return nil, fmt.Errorf("%w: no segment to requeue (the first segment not sent must be dead_letter, unresolved, expired or suppressed)", ErrInvalidTransition)
+	}
+	for i := first; i < len(s.Rows); i++ {
 		if !Requeueable(s.Rows[i].State) {
 			continue
 		}
@@ -446,12 +454,8 @@ func Requeue(rows []Delivery, now time.Time) (*Step, error) {
 			return nil, err
 		}
 		d := &s.Rows[i]
-		d.Class = ""
 		d.Budget = d.Attempts
 		s.record(i, d.Attempts, envelope.ClassOperator, now)
-	}
-	if len(s.Changed) == 0 {
-		return nil, fmt.Errorf("%w: no segment is dead_letter, unresolved, expired or suppressed", ErrInvalidTransition)
 	}
 	s.order(now)
 	return s, nil
@@ -461,8 +465,8 @@ func Requeue(rows []Delivery, now time.Time) (*Step, error) {
 // segment becomes due) or retryable (due now), after an operator checked
 // with the provider.
 func Resolve(rows []Delivery, as envelope.State, now time.Time) (*Step, error) {
-	if as != envelope.StateSent && as != envelope.StateRetryable {
-		return nil, fmt.Errorf("%w: resolve as %q (want sent or retryable)", ErrInvalidTransition, as)
+	if err := CheckResolve(as); err != nil {
+		return nil, err
 	}
 	s := newStep(rows)
 	for i := range s.Rows {
@@ -484,6 +488,15 @@ func Resolve(rows []Delivery, as envelope.State, now time.Time) (*Step, error) {
 	return s, nil
 }
 
+// CheckResolve reports whether an operator may resolve a segment as as
+// (sent or retryable). Stores check it before they look the envelope up.
+func CheckResolve(as envelope.State) error {
+	if as != envelope.StateSent && as != envelope.StateRetryable {
+		return fmt.Errorf("%w: resolve as %q (want sent or retryable)", ErrInvalidTransition, as)
+	}
+	return nil
+}
+
 // order keeps chat order after an operator act: only the first segment not
 // sent may be due (now, unless it is already due); the later ones wait.
 func (s *Step) order(now time.Time) {
@@ -502,7 +515,6 @@ func (s *Step) order(now time.Time) {
 			}
 			if !want.Equal(d.Due) {
 				d.Due = want
-				d.Updated = now
 				s.touch(i)
 			}
 			if first && !want.After(now) {

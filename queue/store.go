@@ -20,15 +20,19 @@ import (
 // that fixes the tenant and rejects leases of another tenant with
 // ErrCrossTenant.
 type Store interface {
-	// Enqueue validates every envelope, checks current consent, and stores
-	// the new ones atomically: either every non-duplicate envelope becomes
-	// deliverable or none does. A (tenant, id) that already exists (or
-	// appears earlier in the same call) is reported as Duplicate and creates
-	// nothing. An invalid envelope fails the call with an *EnqueueError
-	// wrapping the *envelope.ValidationError; an envelope refused by consent
-	// fails it with an *EnqueueError wrapping ErrConsentDenied. Chat
-	// envelopes (reply-text.v1) materialise one row per segment
-	// (envelope.SplitReply); the count is fixed once stored.
+	// Enqueue validates every envelope (Prepare), checks current consent,
+	// and stores the new ones atomically: either every non-duplicate
+	// envelope becomes deliverable or none does. A (tenant, id) that
+	// already exists (or appears earlier in the same call) is reported as
+	// Duplicate and creates nothing, whatever current consent says
+	// (idempotency first: consent is checked only for the envelopes the
+	// call would store). An invalid envelope fails the call with an
+	// *EnqueueError wrapping the *envelope.ValidationError; an envelope
+	// refused by consent fails it with an *EnqueueError wrapping
+	// ErrConsentDenied. Chat envelopes (reply-text.v1) materialise one row
+	// per segment (envelope.Rows); the count is fixed once stored. The
+	// envelopes of one call are stored in the call's order (List, and
+	// Claim among rows due at the same time, follow enqueue order).
 	//
 	// It returns after the envelopes are durable (unless the store runs in
 	// a relaxed durability mode).
@@ -47,15 +51,21 @@ type Store interface {
 
 	// Commit applies an outcome to a leased row. It is accepted only when
 	// the row is sending with lease.Fence and lease.Owner; otherwise it
-	// returns ErrStaleFence (another fence holds the row) or ErrLeaseLost
-	// (the row is no longer sending) and changes nothing.
+	// changes nothing and returns ErrStaleFence when the row was leased
+	// again since (a newer fence, or another owner), or ErrLeaseLost when
+	// it is no longer sending or no longer the row that was leased (erased,
+	// perhaps enqueued again); a nil lease is ErrLeaseLost.
 	//
-	// A retryable outcome becomes dead_letter once the row's attempts reach
-	// the maximum. A sent segment makes the next segment eligible; the
-	// envelope is delivered when every segment is sent. bounced, complaint
-	// and suppressed write the matching suppression in the same
-	// transaction (push: only that subscription) and suppress the
-	// envelope's remaining segments.
+	// A retryable outcome becomes dead_letter once the row's attempts since
+	// the last Requeue reach the maximum. A sent segment makes the next
+	// segment eligible; the envelope is delivered when every segment is
+	// sent. A segment that ends otherwise (dead_letter, expired, bounced,
+	// complaint, suppressed) ends the envelope's remaining segments in the
+	// same state (suppressed for the recipient-gone ones), so that the
+	// envelope is final. bounced, complaint and suppressed write the
+	// matching suppression in the same transaction (push: only that
+	// subscription); without a class they get bounced, complaint and
+	// unsubscribed. The state machine (machine.go) computes all of it.
 	Commit(ctx context.Context, lease *Lease, out Outcome) error
 
 	// Release gives back a lease whose provider call never started: the row
@@ -69,7 +79,8 @@ type Store interface {
 	// attempt count does not change. The caller asks the provider and then
 	// commits sent (accepted), retryable (rejected) or unresolved (unknown).
 	// Rows leased with ClaimRequest.ExpireToPending are not returned: they
-	// go straight back to pending.
+	// go straight back to pending (history: pending, interrupted), whatever
+	// the limit. Oldest lease end first, then enqueue order.
 	Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error)
 
 	// NextDue returns the earliest time at which a row becomes eligible or
@@ -90,18 +101,23 @@ type Store interface {
 	Counts(ctx context.Context, tenant string) (Counts, error)
 
 	// Requeue returns an envelope's dead_letter, unresolved, expired and
-	// suppressed segments to pending, due now (attempt history is kept).
-	// It returns ErrInvalidTransition when no segment is in such a state.
+	// suppressed segments to pending with a fresh attempt budget; the
+	// first segment not sent is due now, the later ones wait their turn
+	// (attempts, the last class and history are kept). It returns
+	// ErrInvalidTransition when the first segment not sent is in none of
+	// those states (nothing to requeue, or its recipient is gone).
 	Requeue(ctx context.Context, tenant, id string) error
 	// Resolve settles an envelope's unresolved segments as sent or
-	// retryable (as must be StateSent or StateRetryable). It returns
-	// ErrInvalidTransition when no segment is unresolved.
+	// retryable (as must be StateSent or StateRetryable, checked first).
+	// It returns ErrInvalidTransition when no segment is unresolved.
 	Resolve(ctx context.Context, tenant, id string, as envelope.State) error
 
 	// Consent returns the user's current consent from the store's own
 	// consent records (the zero Consent when there is none).
 	Consent(ctx context.Context, tenant, userID string) (Consent, error)
 	// SetConsent replaces the user's consent flags; suppressions are kept.
+	// SetConsent, Suppress and Erase refuse an empty user id (ErrNoUser);
+	// Suppress refuses an unknown channel.
 	SetConsent(ctx context.Context, tenant, userID string, c ConsentFlags) error
 	// Suppress adds a suppression to the user's consent record.
 	Suppress(ctx context.Context, tenant, userID string, s Suppression) error

@@ -191,6 +191,9 @@ func (q *Queue) Requeue(ctx context.Context, tenant, id string) error {
 
 // Resolve implements Store.
 func (q *Queue) Resolve(ctx context.Context, tenant, id string, as envelope.State) error {
+	if err := queue.CheckResolve(as); err != nil {
+		return err
+	}
 	return q.operator(ctx, tenant, id, func(rows []queue.Delivery, now time.Time) (*queue.Step, error) {
 		return queue.Resolve(rows, as, now)
 	})
@@ -209,6 +212,9 @@ func (q *Queue) Consent(ctx context.Context, tenant, userID string) (queue.Conse
 
 // SetConsent implements Store.
 func (q *Queue) SetConsent(ctx context.Context, tenant, userID string, f queue.ConsentFlags) error {
+	if userID == "" {
+		return queue.ErrNoUser
+	}
 	return q.write(ctx, false, func(tx *bolt.Tx) error {
 		c, _, err := getConsent(tx, tenantOr(tenant), userID)
 		if err != nil {
@@ -222,6 +228,12 @@ func (q *Queue) SetConsent(ctx context.Context, tenant, userID string, f queue.C
 
 // Suppress implements Store.
 func (q *Queue) Suppress(ctx context.Context, tenant, userID string, s queue.Suppression) error {
+	if userID == "" {
+		return queue.ErrNoUser
+	}
+	if err := queue.CheckSuppression(s); err != nil {
+		return err
+	}
 	return q.write(ctx, false, func(tx *bolt.Tx) error {
 		c, _, err := getConsent(tx, tenantOr(tenant), userID)
 		if err != nil {
@@ -245,6 +257,9 @@ func tenantOr(t string) string {
 
 // Erase implements Store.
 func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
+	if userID == "" {
+		return queue.ErrNoUser
+	}
 	tenant = tenantOr(tenant)
 	err := q.write(ctx, false, func(tx *bolt.Tx) error {
 		prefix := []byte(tenant + "\x00" + userID + "\x00")

@@ -29,7 +29,7 @@ func Append(dir string, envs ...*envelope.Envelope) error {
 	byLog := map[string][]byte{}
 	var order []string
 	for i, in := range envs {
-		e := cloneEnvelope(in)
+		e := in.Clone()
 		if e.TenantID == "" {
 			e.TenantID = envelope.DefaultTenant
 		}

@@ -44,7 +44,7 @@ func (c *envCache) get(key string) *envelope.Envelope {
 	defer c.mu.Unlock()
 	if el, ok := c.m[key]; ok {
 		c.ll.MoveToFront(el)
-		return cloneEnvelope(el.Value.(*cacheEntry).env)
+		return el.Value.(*cacheEntry).env.Clone()
 	}
 	return nil
 }
@@ -53,11 +53,11 @@ func (c *envCache) put(key string, env *envelope.Envelope) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if el, ok := c.m[key]; ok {
-		el.Value.(*cacheEntry).env = cloneEnvelope(env)
+		el.Value.(*cacheEntry).env = env.Clone()
 		c.ll.MoveToFront(el)
 		return
 	}
-	e := &cacheEntry{key: key, log: logOf(key), env: cloneEnvelope(env)}
+	e := &cacheEntry{key: key, log: logOf(key), env: env.Clone()}
 	el := c.ll.PushFront(e)
 	c.m[key] = el
 	if c.byLog[e.log] == nil {

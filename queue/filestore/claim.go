@@ -44,17 +44,29 @@ func (q *Queue) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 			ek  []byte
 			bkt []byte
 		}
+		seen := map[string]bool{}
 		for len(out) < limit {
+			// Read up to the rows still wanted from each bucket and take
+			// them in due order, but only up to the first bucket's cut:
+			// past it, a row of that bucket not read yet may be due
+			// earlier (a row read may end without a lease).
 			var cands []cand
+			var horizon []byte // the smallest last key of a bucket read to its cut
+			want := limit - len(out)
 			err := q.dueBuckets(tx, req.Tenant, req.Channels, func(name []byte, b *bolt.Bucket) {
 				c := b.Cursor()
 				n := 0
-				for k, v := c.First(); k != nil && n < limit-len(out); k, v = c.Next() {
+				var last []byte
+				for k, v := c.First(); k != nil && n < want; k, v = c.Next() {
 					if int64(beUint64(k[:8])) > nowN {
 						break
 					}
-					cands = append(cands, cand{append([]byte(nil), k...), append([]byte(nil), v...), name})
+					last = append([]byte(nil), k...)
+					cands = append(cands, cand{last, append([]byte(nil), v...), name})
 					n++
+				}
+				if n == want && (horizon == nil || bytes.Compare(last, horizon) < 0) {
+					horizon = last
 				}
 			})
 			if err != nil {
@@ -64,10 +76,16 @@ func (q *Queue) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 				break
 			}
 			sort.Slice(cands, func(i, j int) bool { return bytes.Compare(cands[i].key, cands[j].key) < 0 })
+			fresh := 0
 			for _, c := range cands {
-				if len(out) >= limit {
+				if len(out) >= limit || (horizon != nil && bytes.Compare(c.key, horizon) > 0) {
 					break
 				}
+				if seen[string(c.key)] {
+					continue // an index entry without its envelope: left to doctor
+				}
+				seen[string(c.key)] = true
+				fresh++
 				seg := int(beUint32(c.key[16:20]))
 				l, e, err := q.claimRow(ctx, tx, c.ek, seg, req, now, users)
 				if err != nil {
@@ -76,6 +94,9 @@ func (q *Queue) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 				if l != nil {
 					out = append(out, claimed{l, e})
 				}
+			}
+			if fresh == 0 {
+				break
 			}
 		}
 		return nil
@@ -277,17 +298,20 @@ func (q *Queue) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 		out = out[:0]
 		now := q.opts.Now()
 		nowN := now.UnixNano()
-		var keys [][]byte
-		c := tx.Bucket(bktLeases).Cursor()
-		for k, _ := c.First(); k != nil; k, _ = c.Next() {
-			if int64(beUint64(k[:8])) > nowN {
-				break
-			}
-			keys = append(keys, append([]byte(nil), k[8:]...))
+		// Expired leases, oldest lease end first, then in enqueue order.
+		type cand struct {
+			end int64
+			e   *envRec
+			ek  []byte
+			seg int
+			rk  []byte
 		}
-		for _, rk := range keys {
+		var cands []cand
+		c := tx.Bucket(bktLeases).Cursor()
+		for k, _ := c.First(); k != nil && int64(beUint64(k[:8])) <= nowN; k, _ = c.Next() {
+			rk := append([]byte(nil), k[8:]...)
 			ek, seg := splitRowKey(rk)
-			tenant, id := splitEnvKey(ek)
+			tenant, _ := splitEnvKey(ek)
 			if req.Tenant != "" && tenant != req.Tenant {
 				continue
 			}
@@ -298,6 +322,21 @@ func (q *Queue) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 			if e == nil || (len(req.Channels) > 0 && !containsChannel(req.Channels, e.Channel)) {
 				continue
 			}
+			cands = append(cands, cand{int64(beUint64(k[:8])), e, ek, seg, rk})
+		}
+		sort.SliceStable(cands, func(i, j int) bool {
+			a, b := cands[i], cands[j]
+			if a.end != b.end {
+				return a.end < b.end
+			}
+			if a.e.Seq != b.e.Seq {
+				return a.e.Seq < b.e.Seq
+			}
+			return a.seg < b.seg
+		})
+		for _, cd := range cands {
+			e, ek, seg, rk := cd.e, cd.ek, cd.seg, cd.rk
+			tenant, id := splitEnvKey(ek)
 			r, err := getRow(tx, rk)
 			if err != nil {
 				return err

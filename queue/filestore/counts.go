@@ -58,6 +58,9 @@ func (q *Queue) applyDelta(d map[countKey]int) {
 
 // Counts implements Store.
 func (q *Queue) Counts(ctx context.Context, tenant string) (queue.Counts, error) {
+	if q.isClosed() {
+		return nil, queue.ErrClosed
+	}
 	q.cmu.Lock()
 	ready := q.counts != nil
 	q.cmu.Unlock()

@@ -32,6 +32,7 @@ type prepared struct {
 	ino  uint64    // the log's inode when appended
 	segs int       // rows of the stored envelope (ours or the one we duplicate)
 	at   time.Time // when Enqueue was called: the row's enqueue time
+	seq  uint64    // enqueue order, taken in the call's order before indexing (0: at indexing)
 }
 
 func knownKey(rel string, off int64) string { return rel + "\x00" + strconv.FormatInt(off, 10) }
@@ -84,25 +85,19 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 		return nil, queue.ErrClosed
 	}
 	now := q.opts.Now()
-	items := make([]*prepared, len(envs))
-	for i, in := range envs {
-		if in == nil {
-			return nil, &queue.EnqueueError{Index: i, Err: errors.New("nil envelope")}
-		}
-		e := cloneEnvelope(in)
-		if e.TenantID == "" {
-			e.TenantID = envelope.DefaultTenant
-		}
-		line, segs, err := envelope.ValidEncodingRows(e)
-		if err != nil {
-			return nil, &queue.EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
-		}
+	checked, err := queue.Prepare(envs)
+	if err != nil {
+		return nil, err
+	}
+	items := make([]*prepared, len(checked))
+	for i, c := range checked {
+		e := c.Env
 		items[i] = &prepared{
 			env:  e,
 			ek:   envKey(e.TenantID, e.ID),
 			rel:  applog.RelPath(e.TenantID, e.UserID),
-			line: append(line, '\n'),
-			segs: segs,
+			line: append(c.Line, '\n'),
+			segs: c.Segments,
 			at:   now,
 		}
 	}
@@ -171,6 +166,13 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 	keep := reserved
 	reserved = nil // released by the index op, not by the deferred unreserve
 	q.submitIndex(func(tx *bolt.Tx) error {
+		// Enqueue order is the call's order, whichever log a record is
+		// in (taken again if this transaction is retried).
+		for _, it := range items {
+			if !it.dup {
+				it.seq = nextCounter(tx, keySeq)
+			}
+		}
 		for _, w := range done {
 			if indexedPast(tx, w.rel, w.end, byLog[w.rel][0].ino) {
 				continue // a concurrent Enqueue's catch-up indexed ours too
@@ -206,6 +208,9 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 // checkConsent refuses the call when current consent forbids an envelope.
 func (q *Queue) checkConsent(ctx context.Context, tx *bolt.Tx, items []*prepared) error {
 	for i, it := range items {
+		if it.dup {
+			continue // idempotency first: a stored envelope is not refused again
+		}
 		c, found, err := q.consentFor(ctx, tx, it.env.TenantID, it.env.UserID)
 		if err != nil {
 			return fmt.Errorf("enqueue: consent: %w", err)
@@ -258,9 +263,6 @@ func (q *Queue) reserve(ctx context.Context, items []*prepared) ([]string, error
 	}
 	first := map[string]*prepared{}
 	err := q.viewNow(func(tx *bolt.Tx) error {
-		if err := q.checkConsent(ctx, tx, items); err != nil {
-			return err
-		}
 		for _, it := range items {
 			k := string(it.ek)
 			if p := first[k]; p != nil {
@@ -274,7 +276,7 @@ func (q *Queue) reserve(ctx context.Context, items []*prepared) ([]string, error
 				it.dup, it.segs = true, e.Segs
 			}
 		}
-		return nil
+		return q.checkConsent(ctx, tx, items)
 	})
 	if err != nil {
 		q.unreserve(reserved)
@@ -439,7 +441,7 @@ func (q *Queue) catchUpKnown(tx *bolt.Tx, rel string, known func(string) *prepar
 	}
 	ino = p.ino
 	for ; p != nil; p = known(knownKey(rel, off)) {
-		if _, err := q.indexRecord(tx, rel, off, len(p.line)-1, p.env, p.segs, p.at, true); err != nil {
+		if _, err := q.indexRecord(tx, rel, off, len(p.line)-1, p.env, p.segs, p.at, true, p.seq); err != nil {
 			return false, err
 		}
 		// Cached here, in the writer's order, not by Enqueue: an Erase
@@ -527,11 +529,11 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared) e
 			}
 			env = e
 		}
-		segs, at := 0, now
+		segs, at, seq := 0, now, uint64(0)
 		if p != nil {
-			segs, at = p.segs, p.at
+			segs, at, seq = p.segs, p.at, p.seq
 		}
-		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, segs, at, p != nil)
+		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, segs, at, p != nil, seq)
 		if err != nil {
 			return err
 		}
@@ -545,10 +547,13 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared) e
 // indexRecord creates the env entry and rows of one record unless its
 // (tenant, id) exists. Records from other processes that current consent
 // forbids are stored as suppressed.
-func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *envelope.Envelope, segs int, now time.Time, checked bool) (bool, error) {
+func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *envelope.Envelope, segs int, now time.Time, checked bool, seq uint64) (bool, error) {
 	ek := envKey(env.TenantID, env.ID)
 	if tx.Bucket(bktEnv).Get(ek) != nil {
 		return false, nil
+	}
+	if seq == 0 {
+		seq = nextCounter(tx, keySeq)
 	}
 	if segs <= 0 {
 		segs = envelope.Rows(env)
@@ -557,7 +562,7 @@ func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *enve
 		User: env.UserID, Channel: env.Channel, Template: env.Template,
 		Log: rel, Off: off, Len: n, Segs: segs,
 		Enq: now.UnixNano(), Exp: nano(env.ExpiresAt),
-		Seq: nextCounter(tx, keySeq),
+		Seq: seq,
 	}
 	rows := queue.NewRows(env, segs, now)
 	if !checked {
@@ -642,18 +647,4 @@ func ReadQuarantine(dir string) ([]QuarantineRecord, error) {
 		}
 	}
 	return out, nil
-}
-
-func cloneEnvelope(e *envelope.Envelope) *envelope.Envelope {
-	c := *e
-	c.Payload = append([]byte(nil), e.Payload...)
-	if e.Recipient.PushSubscription != nil {
-		ps := *e.Recipient.PushSubscription
-		if ps.ExpirationTime != nil {
-			v := *ps.ExpirationTime
-			ps.ExpirationTime = &v
-		}
-		c.Recipient.PushSubscription = &ps
-	}
-	return &c
 }

@@ -94,7 +94,7 @@ func (s *Store) lease(r *row) *queue.Lease {
 		ExpiresAt:  r.LeaseEnd,
 		Segments:   len(rec.rows),
 		EnqueuedAt: rec.enqueuedAt,
-		Envelope:   cloneEnvelope(rec.env),
+		Envelope:   rec.env.Clone(),
 	}
 }
 

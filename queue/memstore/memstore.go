@@ -211,18 +211,13 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 		env  *envelope.Envelope
 		segs int
 	}
-	prep := make([]prepared, len(envs))
-	for i, e := range envs {
-		if e == nil {
-			return nil, &queue.EnqueueError{Index: i, Err: fmt.Errorf("nil envelope: %w", envelope.ErrInvalid)}
-		}
-		if err := envelope.Validate(e); err != nil {
-			return nil, &queue.EnqueueError{Index: i, Tenant: e.Tenant(), ID: e.ID, Err: err}
-		}
-		c := cloneEnvelope(e)
-		c.TenantID = e.Tenant()
-		n := envelope.Rows(c)
-		prep[i] = prepared{c, n}
+	checked, err := queue.Prepare(envs)
+	if err != nil {
+		return nil, err
+	}
+	prep := make([]prepared, len(checked))
+	for i, c := range checked {
+		prep[i] = prepared{c.Env, c.Segments}
 	}
 
 	if err := s.lock(ctx); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,7 +33,7 @@ func (s *Store) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStat
 		Status:     queue.StatusDelivered,
 		EnqueuedAt: rec.enqueuedAt,
 		Segments:   make([]queue.SegmentStatus, len(rec.rows)),
-		Envelope:   cloneEnvelope(rec.env),
+		Envelope:   rec.env.Clone(),
 	}
 	first := true
 	for i, r := range rec.rows {
@@ -185,6 +184,9 @@ func (s *Store) Requeue(ctx context.Context, tenant, id string) error {
 // Resolve settles the envelope's unresolved segments as sent or retryable
 // (queue.Resolve). See queue.Store.
 func (s *Store) Resolve(ctx context.Context, tenant, id string, as envelope.State) error {
+	if err := queue.CheckResolve(as); err != nil {
+		return err
+	}
 	return s.operator(ctx, tenant, id, func(rows []queue.Delivery, now time.Time) (*queue.Step, error) {
 		return queue.Resolve(rows, as, now)
 	})
@@ -208,8 +210,6 @@ func (s *Store) operator(ctx context.Context, tenant, id string, step func([]que
 	return nil
 }
 
-var errNoUser = errors.New("queue: user id is required")
-
 // Consent returns the user's consent record in tenant (the zero Consent
 // when there is none), as a copy. See queue.Store.
 func (s *Store) Consent(ctx context.Context, tenant, userID string) (queue.Consent, error) {
@@ -229,7 +229,7 @@ func (s *Store) Consent(ctx context.Context, tenant, userID string) (queue.Conse
 // SetConsent replaces the user's consent flags, keeping the suppressions.
 func (s *Store) SetConsent(ctx context.Context, tenant, userID string, f queue.ConsentFlags) error {
 	if userID == "" {
-		return errNoUser
+		return queue.ErrNoUser
 	}
 	if err := s.lock(ctx); err != nil {
 		return err
@@ -250,10 +250,10 @@ func (s *Store) SetConsent(ctx context.Context, tenant, userID string, f queue.C
 // repeats a channel and target already suppressed is not added again.
 func (s *Store) Suppress(ctx context.Context, tenant, userID string, sup queue.Suppression) error {
 	if userID == "" {
-		return errNoUser
+		return queue.ErrNoUser
 	}
-	if !sup.Channel.Valid() {
-		return fmt.Errorf("queue: suppression channel %q is not a known channel", sup.Channel)
+	if err := queue.CheckSuppression(sup); err != nil {
+		return err
 	}
 	if err := s.lock(ctx); err != nil {
 		return err
@@ -281,7 +281,7 @@ func (s *Store) suppress(k userKey, sup queue.Suppression, now time.Time) {
 // Leases on erased rows can no longer commit (ErrLeaseLost).
 func (s *Store) Erase(ctx context.Context, tenant, userID string) error {
 	if userID == "" {
-		return errNoUser
+		return queue.ErrNoUser
 	}
 	if err := s.lock(ctx); err != nil {
 		return err
@@ -338,19 +338,4 @@ func (s *Store) Close() error {
 	defer s.mu.Unlock()
 	s.closed = true
 	return nil
-}
-
-// cloneEnvelope returns a deep copy of e.
-func cloneEnvelope(e *envelope.Envelope) *envelope.Envelope {
-	c := *e
-	c.Payload = slices.Clone(e.Payload)
-	if ps := e.Recipient.PushSubscription; ps != nil {
-		p := *ps
-		if ps.ExpirationTime != nil {
-			t := *ps.ExpirationTime
-			p.ExpirationTime = &t
-		}
-		c.Recipient.PushSubscription = &p
-	}
-	return &c
 }

@@ -827,9 +827,6 @@ func (o *opClaim) String() string {
 	if o.req.ExpireToPending {
 		s += " ExpireToPending"
 	}
-	if o.req.Lazy {
-		s += " Lazy"
-	}
 	return s + ")"
 }
 
@@ -848,9 +845,6 @@ func (o *opClaim) simpler() []diffOp {
 	}
 	if len(o.req.Channels) > 0 {
 		with(func(r *queue.ClaimRequest) { r.Channels = nil })
-	}
-	if o.req.Lazy {
-		with(func(r *queue.ClaimRequest) { r.Lazy = false })
 	}
 	if o.req.ExpireToPending {
 		with(func(r *queue.ClaimRequest) { r.ExpireToPending = false })

@@ -335,7 +335,6 @@ func (g *diffGen) claim(recover bool) diffOp {
 		Owner: oneOf(g, "w-1", "w-2"),
 		Lease: oneOf(g, 10*time.Second, 30*time.Second, 2*time.Minute),
 		Limit: oneOf(g, 0, 1, 1, 2, 3, 5, 10),
-		Lazy:  g.chance(0.2),
 	}
 	if recover {
 		req.Owner = "rescuer"

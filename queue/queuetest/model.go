@@ -35,6 +35,7 @@ type model struct {
 	seq     uint64 // the last enqueue sequence number
 	envs    map[pair]*menv
 	consent map[pair]*queue.Consent // by (tenant, user)
+	subs    map[pair][]queue.Subscription
 }
 
 var _ queue.Store = (*model)(nil)
@@ -85,6 +86,7 @@ func newModel(opts *queue.Options) *model {
 		notify:    make(chan struct{}, 1),
 		envs:      map[pair]*menv{},
 		consent:   map[pair]*queue.Consent{},
+		subs:      map[pair][]queue.Subscription{},
 	}
 }
 
@@ -138,7 +140,7 @@ func segmentsOf(e *envelope.Envelope) int {
 }
 
 // Enqueue: validate every envelope, then decide duplicates and consent in
-// call order, then store the new ones. OPEN: consent is checked for the
+// call order, then store the new ones. Contract choice (queue/store.go): consent is checked for the
 // envelopes that would be stored only; a duplicate creates nothing, so
 // current consent does not refuse it (a producer's retry stays
 // idempotent).
@@ -279,7 +281,7 @@ type cand struct {
 // order respected) oldest due first, then in enqueue order, then by
 // segment, within the request's filter. Each row it meets is expired (past
 // expires_at), suppressed (consent forbids) or leased, until Limit rows are
-// leased. OPEN: rows past expires_at or refused by consent are settled only
+// leased. Contract choice (queue/store.go): rows past expires_at or refused by consent are settled only
 // when the scan meets them (not every such row of the store).
 func (m *model) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
 	limit, err := checkRequest(req)
@@ -350,7 +352,7 @@ func (m *model) lease(e *menv, i int) *queue.Lease {
 	}
 }
 
-// holder returns the row a lease holds. OPEN: the fence is compared
+// holder returns the row a lease holds. Contract choice (queue/store.go): the fence is compared
 // before the state, so a lease whose row was leased again reports
 // ErrStaleFence even when that newer lease has ended since.
 func (m *model) holder(l *queue.Lease) (*menv, *mrow, error) {
@@ -360,9 +362,9 @@ func (m *model) holder(l *queue.Lease) (*menv, *mrow, error) {
 	}
 	r := e.rows[l.Key.Segment]
 	switch {
-	case r.fence != l.Fence:
+	case r.fence > l.Fence:
 		return nil, nil, queue.ErrStaleFence
-	case r.state != envelope.StateSending:
+	case r.fence < l.Fence, r.state != envelope.StateSending:
 		return nil, nil, queue.ErrLeaseLost
 	case r.owner != l.Owner:
 		return nil, nil, queue.ErrStaleFence
@@ -371,7 +373,7 @@ func (m *model) holder(l *queue.Lease) (*menv, *mrow, error) {
 }
 
 // defaultClass is the class (and suppression reason) of a
-// recipient-gone outcome committed without one. OPEN for suppressed.
+// recipient-gone outcome committed without one. (unsubscribed for suppressed).
 func defaultClass(st envelope.State) envelope.ErrorClass {
 	switch st {
 	case envelope.StateBounced:
@@ -380,17 +382,19 @@ func defaultClass(st envelope.State) envelope.ErrorClass {
 		return envelope.ClassComplaint
 	case envelope.StateSuppressed:
 		return envelope.ClassUnsubscribed
+	case envelope.StateExpired:
+		return envelope.ClassExpired
 	}
 	return ""
 }
 
 // Commit applies an outcome. The retry budget and backoff count the
-// attempts since the last requeue. OPEN: an expired outcome settles the
+// attempts since the last requeue. Contract choice (queue/store.go): an expired outcome settles the
 // envelope's remaining segments as expired too (nothing is delivered after
 // expires_at), like a claim that finds the envelope expired.
 func (m *model) Commit(ctx context.Context, l *queue.Lease, out queue.Outcome) error {
 	if l == nil {
-		return errors.New("model: nil lease")
+		return fmt.Errorf("model: nil lease: %w", queue.ErrLeaseLost)
 	}
 	if !queue.ValidOutcome(out.State) {
 		return fmt.Errorf("model: commit %q: %w", out.State, queue.ErrInvalidTransition)
@@ -413,7 +417,7 @@ func (m *model) Commit(ctx context.Context, l *queue.Lease, out queue.Outcome) e
 	case to == envelope.StateSent:
 		class = ""
 		r.receipt = out.Receipt
-	case queue.Suppressing(to) && class == "":
+	case class == "":
 		class = defaultClass(to)
 	}
 	r.state, r.class, r.updated = to, class, now
@@ -429,19 +433,19 @@ func (m *model) Commit(ctx context.Context, l *queue.Lease, out queue.Outcome) e
 	case queue.Suppressing(to):
 		m.suppress(pair{e.env.TenantID, e.env.UserID}, queue.SuppressionFor(e.env, class, now), now)
 		e.settleRest(l.Key.Segment, now, envelope.StateSuppressed, class)
-	case to == envelope.StateExpired:
-		e.settleRest(l.Key.Segment, now, envelope.StateExpired, class)
+	case to == envelope.StateExpired, to == envelope.StateDeadLetter:
+		e.settleRest(l.Key.Segment, now, to, class)
 	}
 	return nil
 }
 
 // Release returns a leased row to the state it was claimed from, due now,
-// the attempt given back. OPEN: a lease from Recover was "claimed from"
+// the attempt given back. Contract choice (queue/store.go): a lease from Recover was "claimed from"
 // sending: the row stays sending with its lease ended now (no owner), to be
 // recovered again, and its attempt count is unchanged.
 func (m *model) Release(ctx context.Context, l *queue.Lease) error {
 	if l == nil {
-		return errors.New("model: nil lease")
+		return fmt.Errorf("model: nil lease: %w", queue.ErrLeaseLost)
 	}
 	if err := m.check(ctx); err != nil {
 		return err
@@ -468,7 +472,7 @@ func (m *model) Release(ctx context.Context, l *queue.Lease) error {
 // Recover leases rows still sending after their lease ended, oldest lease
 // end first, then in enqueue order, then by segment. Rows claimed with
 // ExpireToPending go back to pending (attempt kept, due now) whether or not
-// the limit is reached: they are not leased. OPEN: that return is recorded
+// the limit is reached: they are not leased. Contract choice (queue/store.go): that return is recorded
 // in the history (a claim's end) with class interrupted.
 func (m *model) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
 	limit, err := checkRequest(req)
@@ -653,7 +657,7 @@ func (m *model) Counts(ctx context.Context, tenant string) (queue.Counts, error)
 // Requeue returns the dead_letter, unresolved, expired and suppressed
 // segments to pending with a fresh retry budget (attempts and history
 // kept); the first segment not sent is due now, later ones wait for their
-// turn. OPEN: the row's last error class is kept (the requeue is recorded
+// turn. Contract choice (queue/store.go): the row's last error class is kept (the requeue is recorded
 // in the history with class operator).
 func (m *model) Requeue(ctx context.Context, tenant, id string) error {
 	if err := m.check(ctx); err != nil {
@@ -664,20 +668,29 @@ func (m *model) Requeue(ctx context.Context, tenant, id string) error {
 		return queue.ErrNotFound
 	}
 	now := m.now()
-	n := 0
-	for _, r := range e.rows {
-		switch r.state {
-		case envelope.StateDeadLetter, envelope.StateUnresolved, envelope.StateExpired, envelope.StateSuppressed:
+	first := 0
+	for first < len(e.rows) && e.rows[first].state == envelope.StateSent {
+		first++
+	}
+	if first == len(e.rows) || !requeueable(e.rows[first].state) {
+		return fmt.Errorf("model: requeue: %w", queue.ErrInvalidTransition)
+	}
+	for _, r := range e.rows[first:] {
+		if requeueable(r.state) {
 			r.state, r.updated, r.due, r.base = envelope.StatePending, now, time.Time{}, r.attempts
 			r.record(now, r.attempts, envelope.StatePending, envelope.ClassOperator)
-			n++
 		}
-	}
-	if n == 0 {
-		return fmt.Errorf("model: requeue: %w", queue.ErrInvalidTransition)
 	}
 	e.schedule(now)
 	return nil
+}
+
+func requeueable(st envelope.State) bool {
+	switch st {
+	case envelope.StateDeadLetter, envelope.StateUnresolved, envelope.StateExpired, envelope.StateSuppressed:
+		return true
+	}
+	return false
 }
 
 // Resolve settles the unresolved segments as sent or retryable (due now,
@@ -728,7 +741,7 @@ func (m *model) Consent(ctx context.Context, tenant, userID string) (queue.Conse
 
 var errModelNoUser = errors.New("model: user id is required")
 
-// SetConsent replaces the flags. OPEN: an empty user id is refused (no
+// SetConsent replaces the flags. Contract choice (queue/store.go): an empty user id is refused (no
 // envelope can name it).
 func (m *model) SetConsent(ctx context.Context, tenant, userID string, f queue.ConsentFlags) error {
 	if userID == "" {
@@ -764,7 +777,7 @@ func (m *model) suppress(k pair, s queue.Suppression, now time.Time) {
 	c.Suppressions = append(c.Suppressions, s)
 }
 
-// Suppress adds a suppression (At defaults to now). OPEN: an empty user id
+// Suppress adds a suppression (At defaults to now). Contract choice (queue/store.go): an empty user id
 // and an unknown channel are refused.
 func (m *model) Suppress(ctx context.Context, tenant, userID string, s queue.Suppression) error {
 	if userID == "" {
@@ -784,7 +797,7 @@ func (m *model) Suppress(ctx context.Context, tenant, userID string, s queue.Sup
 	return nil
 }
 
-// Erase deletes the user's envelopes and consent. OPEN: an empty user id
+// Erase deletes the user's envelopes and consent. Contract choice (queue/store.go): an empty user id
 // is refused.
 func (m *model) Erase(ctx context.Context, tenant, userID string) error {
 	if userID == "" {
@@ -800,6 +813,7 @@ func (m *model) Erase(ctx context.Context, tenant, userID string) error {
 		}
 	}
 	delete(m.consent, pair{tenant, userID})
+	delete(m.subs, pair{tenant, userID})
 	return nil
 }
 
@@ -822,6 +836,67 @@ func (m *model) Prune(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// SaveSubscription keeps one subscription per endpoint and lifts that
+// endpoint's push suppression.
+func (m *model) SaveSubscription(ctx context.Context, tenant, user string, sub envelope.PushSubscription) error {
+	if err := queue.CheckSubscription(sub); err != nil {
+		return err
+	}
+	if err := m.check(ctx); err != nil {
+		return err
+	}
+	k := pair{tenantOf(tenant), user}
+	if c := m.consent[k]; c != nil {
+		c.Resubscribed(sub.Endpoint)
+	}
+	var kept []queue.Subscription
+	for _, x := range m.subs[k] {
+		if x.Sub.Endpoint != sub.Endpoint {
+			kept = append(kept, x)
+		}
+	}
+	m.subs[k] = append(kept, queue.Subscription{Sub: sub, Created: m.now().UTC()})
+	return nil
+}
+
+func (m *model) DeleteSubscription(ctx context.Context, tenant, user, endpoint string) error {
+	if err := m.check(ctx); err != nil {
+		return err
+	}
+	k := pair{tenantOf(tenant), user}
+	for i, x := range m.subs[k] {
+		if x.Sub.Endpoint == endpoint {
+			m.subs[k] = append(m.subs[k][:i:i], m.subs[k][i+1:]...)
+			return nil
+		}
+	}
+	return queue.ErrNotFound
+}
+
+func (m *model) Subscriptions(ctx context.Context, tenant, user string) ([]queue.Subscription, error) {
+	if err := m.check(ctx); err != nil {
+		return nil, err
+	}
+	return append([]queue.Subscription(nil), m.subs[pair{tenantOf(tenant), user}]...), nil
+}
+
+// SuppressEmail suppresses the address for every user of the tenant with
+// an envelope to it.
+func (m *model) SuppressEmail(ctx context.Context, tenant, address string, reason envelope.ErrorClass) error {
+	if err := m.check(ctx); err != nil {
+		return err
+	}
+	tenant = tenantOf(tenant)
+	now := m.now().UTC()
+	s := queue.EmailSuppression(address, reason, now)
+	for _, e := range m.envs {
+		if e.env.TenantID == tenant && e.env.Channel == envelope.ChannelEmail && queue.TargetOf(e.env) == s.Target {
+			m.suppress(pair{tenant, e.env.UserID}, s, now)
+		}
+	}
+	return nil
 }
 
 func (m *model) Close() error {

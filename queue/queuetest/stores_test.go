@@ -1,0 +1,54 @@
+package queuetest_test
+
+import (
+	"testing"
+
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
+	"github.com/outboxhq/outbox/queue/memstore"
+	"github.com/outboxhq/outbox/queue/queuetest"
+)
+
+// TestDifferential runs every store side by side against the reference
+// model of the contract (queuetest.Differential). make test runs a small
+// fixed budget of seeds; make diff a long run.
+func TestDifferential(t *testing.T) {
+	queuetest.Differential(t, queuetest.DiffConfig{
+		Stores: []queuetest.DiffStore{
+			{Name: "memstore", Harness: queuetest.Harness{
+				Open: func(t testing.TB, opts *queue.Options) queue.Store { return memstore.New(opts) },
+			}},
+			{Name: "file", Harness: fileHarness()},
+		},
+		Seeds: 40,
+		Steps: 60,
+	})
+}
+
+// fileHarness opens the file store (relaxed durability: fsync changes no
+// semantics here) in a fresh directory; Reopen closes it and opens the
+// same directory again.
+func fileHarness() queuetest.Harness {
+	open := func(t testing.TB, dir string, opts *queue.Options) queue.Store {
+		o := filestore.Options{NoSync: true, DisableWatcher: true}
+		if opts != nil {
+			o.Options = *opts
+		}
+		q, err := filestore.Open(dir, &o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { q.Close() })
+		return q
+	}
+	return queuetest.Harness{
+		Open: func(t testing.TB, opts *queue.Options) queue.Store { return open(t, t.TempDir(), opts) },
+		Reopen: func(t testing.TB, s queue.Store, opts *queue.Options) queue.Store {
+			q := s.(*filestore.Queue)
+			if err := q.Close(); err != nil {
+				t.Fatal(err)
+			}
+			return open(t, q.Dir(), opts)
+		},
+	}
+}
