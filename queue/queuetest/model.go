@@ -18,9 +18,9 @@ import (
 // model is the reference queue.Store that Differential compares stores
 // with: a plain, single-threaded, map-based reading of the contract in
 // queue/store.go, SPEC §4–5 and the contract suite. It is written from
-// those documents, not from either store: where they leave a behaviour
-// open, the choice it makes is marked "OPEN:" below (and listed in the
-// differential's report when a store chooses otherwise).
+// those documents, not from either store nor from the state machine of
+// package queue; the choices that the differential found open are now
+// written into queue/store.go, and marked "Contract choice" below.
 //
 // It is not safe for concurrent use; the differential drives it from one
 // goroutine.
