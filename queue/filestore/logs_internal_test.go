@@ -37,12 +37,7 @@ func TestTailer_IgnoresOwnAppends(t *testing.T) {
 			t.Fatal("the tailer saw no event for an append")
 		}
 	}
-	for _, c := range []chan struct{}{q.tail.scanned, q.tail.settled} {
-		select {
-		case <-c:
-		default:
-		}
-	}
+	scanned, settled := tailSignals(q)
 	commits := countCommits(t, q)
 	if _, err := q.Enqueue(ctx, faultEnvelope("own", "u1")); err != nil {
 		t.Fatal(err)
@@ -50,7 +45,7 @@ func TestTailer_IgnoresOwnAppends(t *testing.T) {
 	if _, err := q.Get(ctx, "", "own"); err != nil {
 		t.Fatal(err)
 	}
-	wait(q.tail.settled)
+	wait(settled)
 	if n := commits.Load(); n != 1 {
 		t.Fatalf("%d transactions for one in-process enqueue, want 1 (its index update; the tailer's event is its own append)", n)
 	}
@@ -58,7 +53,7 @@ func TestTailer_IgnoresOwnAppends(t *testing.T) {
 	if err := Append(dir, faultEnvelope("foreign", "u1")); err != nil {
 		t.Fatal(err)
 	}
-	wait(q.tail.scanned)
+	wait(scanned)
 	if _, err := q.Get(ctx, "", "foreign"); err != nil {
 		t.Fatalf("foreign append not indexed by the tailer: %v", err)
 	}
@@ -225,8 +220,9 @@ func TestTailer_RescanBacksOffWithItsCost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer q.Close()
+	scanned, _ := tailSignals(q)
 	select {
-	case <-q.tail.scanned:
+	case <-scanned:
 	case <-time.After(20 * time.Second):
 		t.Fatal("no periodic rescan")
 	}
@@ -265,4 +261,21 @@ func TestTailer_RescansIndexEveryForeignAppend(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// tailSignals returns channels (buffer 1, coalesced) signalled by the
+// tailer's hooks: a catch-up pass finished, an event for a settled log was
+// ignored.
+func tailSignals(q *Queue) (scanned, settled chan struct{}) {
+	scanned, settled = make(chan struct{}, 1), make(chan struct{}, 1)
+	signal := func(c chan struct{}) func() {
+		return func() {
+			select {
+			case c <- struct{}{}:
+			default:
+			}
+		}
+	}
+	q.tail.hooks.Store(&tailHooks{scanned: signal(scanned), settled: signal(settled)})
+	return scanned, settled
 }

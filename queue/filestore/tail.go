@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -20,13 +21,12 @@ import (
 // truth (events can be dropped, coalesced or missed for directories created
 // before their watch existed).
 type tailer struct {
-	q       *Queue
-	w       *fsnotify.Watcher
-	stop    chan struct{}
-	done    sync.WaitGroup
-	kick    chan struct{}
-	scanned chan struct{} // test signal: a catch-up pass finished
-	settled chan struct{} // test signal: an event for a settled log was ignored
+	q     *Queue
+	w     *fsnotify.Watcher
+	stop  chan struct{}
+	done  sync.WaitGroup
+	kick  chan struct{}
+	hooks atomic.Pointer[tailHooks] // set only by tests
 
 	mu    sync.Mutex
 	dirty map[string]bool
@@ -48,8 +48,23 @@ func rescanWait(interval, took time.Duration) time.Duration {
 	return max(interval, time.Duration(float64(took)/rescanBudget))
 }
 
+// tailHooks let tests observe the tailer; nil funcs (and a nil pointer)
+// in production.
+type tailHooks struct {
+	scanned func() // a catch-up pass finished
+	settled func() // an event for a settled log was ignored
+}
+
+func (t *tailer) hook(f func(*tailHooks) func()) {
+	if h := t.hooks.Load(); h != nil {
+		if fn := f(h); fn != nil {
+			fn()
+		}
+	}
+}
+
 func newTailer(q *Queue) *tailer {
-	return &tailer{q: q, stop: make(chan struct{}), kick: make(chan struct{}, 1), dirty: map[string]bool{}, scanned: make(chan struct{}, 1), settled: make(chan struct{}, 1)}
+	return &tailer{q: q, stop: make(chan struct{}), kick: make(chan struct{}, 1), dirty: map[string]bool{}}
 }
 
 func (t *tailer) start() error {
@@ -152,10 +167,7 @@ func (t *tailer) event(ev fsnotify.Event) {
 		t.mark(rel, false)
 		return
 	}
-	select {
-	case t.settled <- struct{}{}:
-	default:
-	}
+	t.hook(func(h *tailHooks) func() { return h.settled })
 }
 
 // loop catches up marked logs, and every log on each rescan tick.
@@ -215,10 +227,7 @@ func (t *tailer) loop() {
 			t.q.log.Error("ingest failed", "component", "tailer", "operation", "ingest", "status", "error")
 		}
 		t.q.wake()
-		select {
-		case t.scanned <- struct{}{}:
-		default:
-		}
+		t.hook(func(h *tailHooks) func() { return h.scanned })
 	}
 }
 
