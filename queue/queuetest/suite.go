@@ -82,8 +82,13 @@ func Exercise(t *testing.T, h Harness) {
 		{"ConsentRecords", testConsentRecords},
 		{"Erase", testErase},
 		{"Prune", testPrune},
+		{"Subscriptions", testSubscriptions},
+		{"SubscriptionLiftsSuppression", testSubscriptionResubscribe},
+		{"EraseSubscriptions", testEraseSubscriptions},
+		{"SuppressEmail", testSuppressEmail},
 		{"Close", testClose},
 		{"Reopen", testReopen},
+		{"SubscriptionsReopen", testSubscriptionsReopen},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })

@@ -661,6 +661,14 @@ func testClose(t *testing.T, h Harness) {
 		},
 		"Erase": func() error { return s.Erase(ctx, dflt, "u-1") },
 		"Prune": func() error { _, err := s.Prune(ctx); return err },
+		"SaveSubscription": func() error {
+			return s.SaveSubscription(ctx, dflt, "u-1", pushSub("u-1", ""))
+		},
+		"DeleteSubscription": func() error { return s.DeleteSubscription(ctx, dflt, "u-1", EndpointOf("u-1")) },
+		"Subscriptions":      func() error { _, err := s.Subscriptions(ctx, dflt, "u-1"); return err },
+		"SuppressEmail": func() error {
+			return s.SuppressEmail(ctx, dflt, EmailOf("u-1"), envelope.ClassBounced)
+		},
 	}
 	for name, call := range calls {
 		wantErr(t, call(), queue.ErrClosed, name+" after Close")
