@@ -485,6 +485,47 @@ func testRelease(t *testing.T, h Harness) {
 	}
 }
 
+// testReleaseRecovered: a recovery lease given back (its reconciliation
+// never started) leaves the row sending with its lease over, to be
+// recovered again. The earlier call's fate is still unknown: the row is
+// not claimable for a new delivery and its attempt is not given back.
+func testReleaseRecovered(t *testing.T, h Harness) {
+	f := setup(t, h)
+	f.enqueue(Reply("r", "u-1", "hi"))
+	l := f.claimOne("r")
+	f.clock.Advance(DefaultLease)
+	rs := f.recover(10)
+	if len(rs) != 1 {
+		t.Fatalf("Recover = %v, want r", keys(rs))
+	}
+	f.clock.Advance(time.Second)
+	if err := f.s.Release(f.ctx, rs[0]); err != nil {
+		t.Fatalf("Release of a recovery lease: %v", err)
+	}
+	s := f.seg(dflt, "r", 0)
+	if s.State != envelope.StateSending || s.Attempts != 1 || s.Fence != rs[0].Fence || !s.LeaseEnd.Equal(f.clock.Now()) || len(s.History) != 0 {
+		t.Fatalf("after releasing the recovery lease: %+v, want sending, 1 attempt, fence %d, lease over now", s, rs[0].Fence)
+	}
+	f.noClaim("a row of unknown fate")
+	f.wantNextDue(f.clock.Now())
+	if err := f.s.Commit(f.ctx, rs[0], queue.Outcome{State: envelope.StateSent}); err == nil {
+		t.Fatal("Commit of a released recovery lease succeeded")
+	}
+	if err := f.s.Release(f.ctx, rs[0]); err == nil {
+		t.Fatal("a second Release of the recovery lease succeeded")
+	}
+
+	again := f.recover(10)
+	if len(again) != 1 || again[0].Key != l.Key || again[0].Fence <= rs[0].Fence || again[0].Attempt != 1 {
+		t.Fatalf("Recover after the release = %v, want r again with a newer fence, attempt 1", keys(again))
+	}
+	wantErr(t, f.s.Commit(f.ctx, l, queue.Outcome{State: envelope.StateSent}), queue.ErrStaleFence, "Commit by the first lease")
+	f.commit(again[0], queue.Outcome{State: envelope.StateSent, Receipt: "found"})
+	if s := f.seg(dflt, "r", 0); s.State != envelope.StateSent || s.Attempts != 1 || s.Receipt != "found" {
+		t.Fatalf("after reconciling: %+v, want sent after 1 attempt", s)
+	}
+}
+
 func testRecover(t *testing.T, h Harness) {
 	f := setup(t, h)
 	f.enqueue(Reply("A", "u-1", "a"), Reply("B", "u-1", "b"), Reply("C", "u-1", "c"), Reply("D", "u-1", "d"))

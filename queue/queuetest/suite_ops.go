@@ -187,6 +187,37 @@ func testRequeue(t *testing.T, h Harness) {
 	}
 }
 
+// testRequeueFreshBudget: a requeued row gets MaxAttempts new attempts,
+// and its backoff starts again; attempts and history keep counting.
+func testRequeueFreshBudget(t *testing.T, h Harness) {
+	f := setup(t, h, func(o *queue.Options) { o.Backoff.MaxAttempts = 2 })
+	f.enqueue(Reply("r", "u-1", "hi"))
+	// history counts the failures and the operator's requeue.
+	fail := func(attempt int, want envelope.State, history int) {
+		t.Helper()
+		l := f.claimOne("r")
+		if l.Attempt != attempt {
+			t.Fatalf("attempt = %d, want %d", l.Attempt, attempt)
+		}
+		f.commit(l, queue.Outcome{State: envelope.StateRetryable, Class: envelope.ClassTimeout})
+		s := f.seg(dflt, "r", 0)
+		if s.State != want || s.Attempts != attempt || len(s.History) != history {
+			t.Fatalf("after attempt %d failed: %+v, want %s with %d history entries", attempt, s, want, history)
+		}
+		if want == envelope.StateRetryable && !s.NextAt.Equal(f.clock.Now().Add(time.Second)) {
+			t.Fatalf("after attempt %d failed: due %v, want in 1s (the first backoff)", attempt, s.NextAt)
+		}
+		f.clock.Advance(time.Hour)
+	}
+	fail(1, envelope.StateRetryable, 1)
+	fail(2, envelope.StateDeadLetter, 2)
+	if err := f.s.Requeue(f.ctx, dflt, "r"); err != nil {
+		t.Fatal(err)
+	}
+	fail(3, envelope.StateRetryable, 4)
+	fail(4, envelope.StateDeadLetter, 5)
+}
+
 func testResolve(t *testing.T, h Harness) {
 	f := setup(t, h)
 	wantErr(t, f.s.Resolve(f.ctx, dflt, "missing", envelope.StateSent), queue.ErrNotFound, "Resolve of an unknown id")
