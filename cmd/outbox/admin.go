@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore"
@@ -96,14 +98,18 @@ func isOpenFailure(rep *filestore.Report) bool {
 	return false
 }
 
+// socketUp reports whether an outbox serve answers on dir's operator
+// socket. It only dials the socket: opening the store to find out (as
+// openBackend does without one) would index the logs first, and doctor
+// would then check a store that had already caught up with a truncated or
+// replaced log instead of reporting it.
 func socketUp(dir string) bool {
-	b, closeFn, err := openBackend(dir)
+	conn, err := net.DialTimeout("unix", filepath.Join(dir, SocketName), time.Second)
 	if err != nil {
 		return false
 	}
-	defer closeFn()
-	_, ok := b.(*socketBackend)
-	return ok
+	conn.Close()
+	return true
 }
 
 func runCompact(ctx context.Context, e *env, args []string) int {

@@ -49,7 +49,7 @@ func (q *Queue) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStat
 		return nil, err
 	}
 	st.Status = aggregate(st.Segments)
-	if env, err := q.readEnvelope(rec); err == nil {
+	if env, err := q.readEnvelope(envKey(tenant, id), rec); err == nil {
 		st.Envelope = env
 	}
 	return st, nil

@@ -154,7 +154,7 @@ func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, r
 	}
 	// The verdict needs the recipient (suppressions target one address or
 	// subscription), so read the record.
-	env, err := q.readEnvelope(e)
+	env, err := q.readEnvelope(ek, e)
 	v := queue.RecordLost
 	if err == nil {
 		v = queue.Judge(env, ca.c, ca.found, now)
@@ -377,7 +377,7 @@ func (q *Queue) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 	}
 	leases := make([]*queue.Lease, 0, len(out))
 	for _, c := range out {
-		env, err := q.readEnvelope(c.env)
+		env, err := q.readEnvelope(envKey(c.lease.Key.Tenant, c.lease.Key.EnvelopeID), c.env)
 		if err != nil {
 			return nil, err
 		}

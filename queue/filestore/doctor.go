@@ -2,7 +2,6 @@ package filestore
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,7 +30,9 @@ type Report struct {
 func (r *Report) OK() bool { return len(r.Problems) == 0 }
 
 // Check verifies that the index and the logs of the store in dir agree:
-// bbolt's own consistency check, every log offset within its file, every
+// bbolt's own consistency check, every log still the file that was indexed
+// (the same inode, not shorter than its indexed offset, a line ending
+// there; otherwise a problem with a hint), every
 // envelope's record readable at its place and naming the same id, every row
 // present in exactly the indexes its state implies. It opens the store
 // read-only and fails with ErrStoreBusy while another process has it open.
@@ -100,18 +101,8 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 		}
 		_ = tx.Bucket(bktLogs).ForEach(func(k, v []byte) error {
 			rep.Logs++
-			fi, err := os.Stat(filepath.Join(dir, string(k)))
-			if err != nil {
-				bad("log %s: %v", k, err)
-				return nil
-			}
-			if len(v) == 16 {
-				off := int64(binary.BigEndian.Uint64(v))
-				if off > fi.Size() {
-					bad("log %s: indexed offset %d past its size %d", k, off, fi.Size())
-				} else if b, err := applog.ReadComplete(filepath.Join(dir, string(k)), off); err == nil {
-					rep.Unindexed += int64(len(b))
-				}
+			if p := checkLog(dir, string(k), v, &rep.Unindexed); p != "" {
+				bad("%s", p)
 			}
 			return nil
 		})
@@ -187,6 +178,49 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 		rep.Quarantined = len(q)
 	}
 	return rep, nil
+}
+
+// Hints of the problems of a log that is no longer the file its index
+// entry describes.
+const (
+	hintRecordsLost = "hint: records that were in it and are not any more are lost; their rows are dead-lettered (record_lost) when claimed"
+	hintReindex     = "the store indexes the log again from its start at its next start, append or rescan (outbox serve does so by itself), without a rebuild"
+)
+
+// checkLog checks log rel against its index entry v (offset, inode) and
+// adds its complete bytes past the offset to unindexed. It returns the
+// problem, or "".
+func checkLog(dir, rel string, v []byte, unindexed *int64) string {
+	path := filepath.Join(dir, rel)
+	size, ino, err := applog.PathSize(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Sprintf("log %s: deleted (%v); %s", rel, err, hintRecordsLost)
+		}
+		return fmt.Sprintf("log %s: %v", rel, err)
+	}
+	off, indexed, ok := logPos(v)
+	switch {
+	case !ok:
+		return ""
+	case ino != indexed:
+		return fmt.Sprintf("log %s: replaced (inode %d, the index read inode %d): another file under its name; %s; %s", rel, ino, indexed, hintRecordsLost, hintReindex)
+	case size < off:
+		return fmt.Sprintf("log %s: truncated (%d bytes, shorter than its indexed offset %d); %s; %s", rel, size, off, hintRecordsLost, hintReindex)
+	}
+	from := max(off-1, 0)
+	b, err := applog.ReadComplete(path, from)
+	if err != nil {
+		return fmt.Sprintf("log %s: %v", rel, err)
+	}
+	if off > 0 {
+		if len(b) == 0 || b[0] != '\n' {
+			return fmt.Sprintf("log %s: changed before its indexed offset %d (no line ends there: cut and written again); %s; %s", rel, off, hintRecordsLost, hintReindex)
+		}
+		b = b[1:]
+	}
+	*unindexed += int64(len(b))
+	return ""
 }
 
 // Rebuild rebuilds the index of the store in dir from its logs, after the

@@ -105,7 +105,7 @@ func TestErase_ForgetsCachedEnvelopes(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	env, err := q.readEnvelope(rec)
+	env, err := q.readEnvelope(envKey(st.Tenant, st.ID), rec)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package filestore
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -53,8 +54,10 @@ func (q *Queue) unregister(items []*prepared) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, it := range items {
-		if !it.dup {
-			delete(q.known, knownKey(it.rel, it.off))
+		// Only its own entry: a record whose append failed has no
+		// offset, and another record may be registered at that key.
+		if k := knownKey(it.rel, it.off); !it.dup && q.known[k] == it {
+			delete(q.known, k)
 		}
 	}
 }
@@ -174,10 +177,14 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 			}
 		}
 		for _, w := range done {
-			if indexedPast(tx, w.rel, w.end, byLog[w.rel][0].ino) {
-				continue // a concurrent Enqueue's catch-up indexed ours too
+			its := byLog[w.rel]
+			// Our ids are reserved until this transaction is written: an
+			// entry for the last one is ours, indexed with the whole batch
+			// by a concurrent Enqueue's catch-up.
+			if tx.Bucket(bktEnv).Get(its[len(its)-1].ek) != nil {
+				continue
 			}
-			if err := q.catchUp(tx, w.rel, q.lookup); err != nil {
+			if err := q.catchUp(tx, w.rel, q.lookup, its[0]); err != nil {
 				return err
 			}
 		}
@@ -325,7 +332,7 @@ func (q *Queue) catchUpAll() error {
 	}
 	return q.write(context.Background(), true, func(tx *bolt.Tx) error {
 		for _, rel := range rels {
-			if err := q.catchUp(tx, rel, nil); err != nil {
+			if err := q.catchUp(tx, rel, nil, nil); err != nil {
 				return err
 			}
 		}
@@ -334,10 +341,11 @@ func (q *Queue) catchUpAll() error {
 }
 
 // withNews returns the logs among rels that may hold lines past their
-// indexed offset. Most logs hold none: they are told apart by reads in
-// parallel, outside the writer's transaction, and only the others are
-// caught up in it. An offset read here can only be behind the one the
-// catch-up will find, so no log with news is left out.
+// indexed offset, and those replaced or cut shorter than it (see catchUp).
+// Most logs hold none: they are told apart by reads in parallel, outside
+// the writer's transaction, and only the others are caught up in it. An
+// offset read here can only be behind the one the catch-up will find, so
+// no log with news is left out.
 func (q *Queue) withNews(rels []string) ([]string, error) {
 	type pos struct {
 		off int64
@@ -364,11 +372,11 @@ func (q *Queue) withNews(rels []string) ([]string, error) {
 		go func() {
 			defer wg.Done()
 			for i := int(next.Add(1) - 1); i < len(rels); i = int(next.Add(1) - 1) {
-				ino, err := inode(filepath.Join(q.dir, rels[i]))
+				size, ino, err := applog.PathSize(filepath.Join(q.dir, rels[i]))
 				switch {
 				case errors.Is(err, os.ErrNotExist):
-				case err != nil || ino != at[i].ino:
-					news[i] = true // a new or replaced file, or let the catch-up report
+				case err != nil || ino != at[i].ino || size < at[i].off:
+					news[i] = true // a new, replaced or truncated file, or let the catch-up report
 				default:
 					data, err := q.app.ReadComplete(rels[i], at[i].off)
 					news[i] = err != nil || len(data) > 0
@@ -415,28 +423,25 @@ func (q *Queue) listLogs() ([]string, error) {
 	return out, nil
 }
 
-// indexedPast reports whether log rel (the file with inode ino) is indexed
-// up to at least offset end.
-func indexedPast(tx *bolt.Tx, rel string, end int64, ino uint64) bool {
-	v := tx.Bucket(bktLogs).Get([]byte(rel))
-	return len(v) == 16 && binary.BigEndian.Uint64(v[8:]) == ino && int64(binary.BigEndian.Uint64(v)) >= end
+// logPos decodes a logs bucket value: the offset up to which the log is
+// indexed and the inode of the file that was indexed.
+func logPos(v []byte) (off int64, ino uint64, ok bool) {
+	if len(v) != 16 {
+		return 0, 0, false
+	}
+	return int64(binary.BigEndian.Uint64(v)), binary.BigEndian.Uint64(v[8:]), true
 }
 
 // catchUpKnown indexes, without reading the log, the chain of in-process
 // records that starts exactly at the log's stored offset, and moves the
 // offset past them. It reports false when the record at the stored offset
 // is not known (another process's line, a torn line, a replaced file): the
-// caller then reads the log.
-func (q *Queue) catchUpKnown(tx *bolt.Tx, rel string, known func(string) *prepared) (bool, error) {
+// caller then reads the log. off, ino and indexed are the log's stored
+// position (logPos).
+func (q *Queue) catchUpKnown(tx *bolt.Tx, rel string, known func(string) *prepared, off int64, ino uint64, indexed bool) (bool, error) {
 	logs := tx.Bucket(bktLogs)
-	var off int64
-	var ino uint64
-	v := logs.Get([]byte(rel))
-	if len(v) == 16 {
-		off, ino = int64(binary.BigEndian.Uint64(v)), binary.BigEndian.Uint64(v[8:])
-	}
 	p := known(knownKey(rel, off))
-	if p == nil || (v != nil && ino != p.ino) {
+	if p == nil || (indexed && ino != p.ino) {
 		return false, nil
 	}
 	ino = p.ino
@@ -455,43 +460,83 @@ func (q *Queue) catchUpKnown(tx *bolt.Tx, rel string, known func(string) *prepar
 
 // catchUp indexes the complete lines of log rel past its stored offset and
 // stores the new offset, all in tx. known maps "rel 0 offset" to records
-// this process already validated. Lines that are not valid envelopes are
-// quarantined, not returned as errors.
-func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared) error {
+// this process already validated; mine, when not nil, is the first record
+// of an Enqueue's batch in this log that is not indexed yet. Lines that are
+// not valid envelopes are quarantined, not returned as errors.
+//
+// A log that is no longer the file that was indexed is indexed again from
+// its start (see resetLog): another file under its name (its inode
+// changed: deleted and created again, or another file renamed over it),
+// a file shorter than its indexed offset, one where an append of this
+// process landed before that offset (appends go at the end: the file was
+// cut first), and one where no line ends at that offset any more (cut,
+// then written past it again). The statx and the read are the ones a
+// catch-up always makes; only the byte before the offset is read too.
+func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared, mine *prepared) error {
 	logs := tx.Bucket(bktLogs)
-	if known != nil {
-		done, err := q.catchUpKnown(tx, rel, known)
+	off, ino, indexed := logPos(logs.Get([]byte(rel)))
+	var reset logReset
+	if indexed && mine != nil && mine.ino == ino && mine.off < off {
+		reset = resetTruncated
+	}
+	if known != nil && reset == "" {
+		done, err := q.catchUpKnown(tx, rel, known, off, ino, indexed)
 		if done || err != nil {
 			return err
 		}
 	}
 	path := filepath.Join(q.dir, rel)
-	ino, err := inode(path)
+	size, fino, err := applog.PathSize(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
 		return fmt.Errorf("stat log: %w", err)
 	}
-	var off int64
-	if v := logs.Get([]byte(rel)); len(v) == 16 && binary.BigEndian.Uint64(v[8:]) == ino {
-		off = int64(binary.BigEndian.Uint64(v))
+	switch {
+	case !indexed || reset != "":
+	case fino != ino:
+		reset = resetReplaced
+	case size < off:
+		reset = resetTruncated
 	}
-	data, err := q.app.ReadComplete(rel, off)
+	var data []byte
+	if indexed && reset == "" && off > 0 {
+		// From the newline that ends the last indexed line.
+		if data, err = q.app.ReadComplete(rel, off-1); err == nil {
+			if len(data) > 0 && data[0] == '\n' {
+				data = data[1:]
+			} else {
+				reset = resetRewritten
+			}
+		}
+	}
+	if reset != "" {
+		if err := q.resetLog(tx, rel, reset); err != nil {
+			return err
+		}
+		off = 0
+	}
+	if off == 0 {
+		data, err = q.app.ReadComplete(rel, 0)
+	}
 	if err != nil {
 		q.log.Error("read log failed", "operation", "ingest", "status", "error")
 		return fmt.Errorf("read log: %w", err)
 	}
-	if len(data) == 0 {
+	if len(data) == 0 && reset == "" {
 		return nil
 	}
 	now := q.opts.Now()
 	skip := tx.Bucket(bktSkip)
 	end := off + int64(len(data))
+	var moved map[string]bool // records found elsewhere in a reset log
 	for _, ln := range applog.Lines(data, off) {
 		var p *prepared
 		if known != nil {
-			p = known(knownKey(rel, ln.Off))
+			if p = known(knownKey(rel, ln.Off)); p != nil && p.ino != fino {
+				p = nil // appended to the file that was there before
+			}
 		}
 		if v := skip.Get(append([]byte(rel+"\x00"), u64(uint64(ln.Off))...)); v != nil {
 			continue
@@ -512,7 +557,10 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared) e
 				TenantID string `json:"tenant_id"`
 			}
 			if json.Unmarshal(ln.Data, &ids) == nil && q.isInflight(envKey(tenantOr(ids.TenantID), ids.ID)) {
-				end = ln.Off
+				// Stop at the line's start, after the newline before it
+				// (ln.Off is past the spaces it may start with): the
+				// stored offset always follows a newline.
+				end = off + int64(bytes.LastIndexByte(data[:ln.Off-off], '\n')+1)
 				break
 			}
 			e, err := envelope.Parse(ln.Data)
@@ -528,6 +576,14 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared) e
 				continue
 			}
 			env = e
+			if reset != "" {
+				if moved == nil {
+					moved = map[string]bool{}
+				}
+				if err := q.relocate(tx, rel, ln, env, data, off, moved); err != nil {
+					return err
+				}
+			}
 		}
 		segs, at, seq := 0, now, uint64(0)
 		if p != nil {
@@ -541,7 +597,69 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared) e
 			q.m.ingested.Inc()
 		}
 	}
-	return logs.Put([]byte(rel), append(u64(uint64(end)), u64(ino)...))
+	return logs.Put([]byte(rel), append(u64(uint64(end)), u64(fino)...))
+}
+
+// logReset is why a log is indexed again from its start.
+type logReset string
+
+const (
+	resetReplaced  logReset = "replaced"  // another file under its name
+	resetTruncated logReset = "truncated" // cut shorter than its indexed offset
+	resetRewritten logReset = "rewritten" // cut, then written past its indexed offset again
+)
+
+// resetLog prepares log rel, no longer the file that was indexed, to be
+// indexed again from its start, in tx: what was indexed stays indexed (a
+// record read again is a duplicate of itself; one found at another offset
+// is moved there, see relocate; a row whose record is gone is
+// dead-lettered, record_lost, when claimed, as readEnvelope then finds
+// another record or none at its place), and every record of the file is
+// read, none skipped: the cached envelopes of the log and its withdrawn
+// ranges (the skip bucket) belonged to the earlier content and are
+// dropped. A withdrawn record still in the file is then indexed like any
+// other record of it. It says so in the log and in
+// outbox_log_resets_total{reason}.
+func (q *Queue) resetLog(tx *bolt.Tx, rel string, why logReset) error {
+	q.m.logResets.WithLabelValues(string(why)).Inc()
+	q.log.Warn("log "+string(why)+" under the store: indexing it again from its start; rows whose records it lost are dead-lettered (record_lost) when claimed",
+		"operation", "ingest", "status", "reindexed")
+	q.cache.dropLog(rel)
+	skip := tx.Bucket(bktSkip)
+	prefix := []byte(rel + "\x00")
+	var stale [][]byte
+	c := skip.Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		stale = append(stale, append([]byte(nil), k...))
+	}
+	for _, k := range stale {
+		if err := skip.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// relocate moves the index entry of a record of log rel, read again after
+// a reset at line ln, to ln's offset when its place no longer holds the
+// same line (a log rewritten with some lines removed, or copied in another
+// order). data is what the reset read, from offset base. moved keeps the
+// records already moved in this pass: the first copy of a record wins.
+func (q *Queue) relocate(tx *bolt.Tx, rel string, ln applog.Line, env *envelope.Envelope, data []byte, base int64, moved map[string]bool) error {
+	ek := envKey(env.TenantID, env.ID)
+	if moved[string(ek)] {
+		return nil
+	}
+	e, err := getEnv(tx, ek)
+	if err != nil || e == nil || e.Log != rel || e.Off == ln.Off {
+		return err
+	}
+	if at := e.Off - base; at >= 0 && at+int64(e.Len) <= int64(len(data)) && bytes.Equal(data[at:at+int64(e.Len)], ln.Data) {
+		return nil // still in place too
+	}
+	moved[string(ek)] = true
+	e.Off, e.Len = ln.Off, len(ln.Data)
+	return putEnv(tx, ek, e)
 }
 
 // indexRecord creates the env entry and rows of one record unless its

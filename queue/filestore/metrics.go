@@ -11,6 +11,7 @@ type storeMetrics struct {
 	ingested      prometheus.Counter
 	quarantined   prometheus.Counter
 	seamExpired   prometheus.Counter
+	logResets     *prometheus.CounterVec
 }
 
 func newStoreMetrics(reg prometheus.Registerer) *storeMetrics {
@@ -33,9 +34,12 @@ func newStoreMetrics(reg prometheus.Registerer) *storeMetrics {
 		seamExpired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_seam_leases_expired_total", Help: "Leases of external workers that expired and returned their rows to pending.",
 		}),
+		logResets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_log_resets_total", Help: "Logs found replaced, truncated or rewritten under the store and indexed again from their start, by reason.",
+		}, []string{"reason"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.enqueued, m.duplicates, m.enqueueErrors, m.ingested, m.quarantined, m.seamExpired} {
+		for _, c := range []prometheus.Collector{m.enqueued, m.duplicates, m.enqueueErrors, m.ingested, m.quarantined, m.seamExpired, m.logResets} {
 			_ = reg.Register(c)
 		}
 	}

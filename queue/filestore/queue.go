@@ -405,11 +405,14 @@ func readPID(dir string) int {
 	return n
 }
 
-// readEnvelope loads an indexed envelope's record from its log (or the
-// cache of recent envelopes). The result is the caller's copy.
-func (q *Queue) readEnvelope(e *envRec) (*envelope.Envelope, error) {
+// readEnvelope loads the record of the indexed envelope ek from its log
+// (or the cache of recent envelopes). The result is the caller's copy. A
+// record at its place that is another envelope's (its log was truncated
+// or replaced, and other records were appended at that offset) is an
+// error, like a missing one: it is never read as this envelope.
+func (q *Queue) readEnvelope(ek []byte, e *envRec) (*envelope.Envelope, error) {
 	key := cacheKey(e.Log, e.Off)
-	if env := q.cache.get(key); env != nil {
+	if env := q.cache.get(key); env != nil && isRecordOf(ek, env) {
 		// The log must still exist: a record whose log was deleted is
 		// lost, whatever a cache remembers.
 		if _, err := inode(filepath.Join(q.dir, e.Log)); err == nil {
@@ -417,10 +420,19 @@ func (q *Queue) readEnvelope(e *envRec) (*envelope.Envelope, error) {
 		}
 	}
 	env, err := q.readEnvelopeFile(e)
+	if err == nil && !isRecordOf(ek, env) {
+		return nil, errors.New("read envelope record: another record is at its place (the log was truncated or replaced)")
+	}
 	if err == nil {
 		q.cache.put(key, env)
 	}
 	return env, err
+}
+
+// isRecordOf reports whether env is the envelope of key ek.
+func isRecordOf(ek []byte, env *envelope.Envelope) bool {
+	return len(ek) == len(env.TenantID)+1+len(env.ID) && string(ek[:len(env.TenantID)]) == env.TenantID &&
+		ek[len(env.TenantID)] == 0 && string(ek[len(env.TenantID)+1:]) == env.ID
 }
 
 func (q *Queue) readEnvelopeFile(e *envRec) (*envelope.Envelope, error) {

@@ -57,7 +57,7 @@ func (q *Queue) apply(tx *bolt.Tx, ek []byte, e *envRec, recs []rowRec, st *queu
 	var env *envelope.Envelope
 	if st.Suppress != "" {
 		var err error
-		if env, err = q.readEnvelope(e); err != nil {
+		if env, err = q.readEnvelope(ek, e); err != nil {
 			return err
 		}
 		if c, _, err = getConsent(tx, tenant, e.User); err != nil {

@@ -107,7 +107,7 @@ func (q *Queue) SuppressEmail(ctx context.Context, tenant, address string, reaso
 			if json.Unmarshal(v, &e) != nil || e.Channel != envelope.ChannelEmail || users[e.User] {
 				continue
 			}
-			env, err := q.readEnvelope(&e)
+			env, err := q.readEnvelope(k, &e)
 			if err == nil && queue.TargetOf(env) == target {
 				users[e.User] = true
 			}

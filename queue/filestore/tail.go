@@ -215,7 +215,7 @@ func (t *tailer) loop() {
 			if len(dirty) > 0 {
 				err = t.q.write(context.Background(), true, func(tx *bolt.Tx) error {
 					for rel := range dirty {
-						if err := t.q.catchUp(tx, rel, nil); err != nil {
+						if err := t.q.catchUp(tx, rel, nil, nil); err != nil {
 							return err
 						}
 					}

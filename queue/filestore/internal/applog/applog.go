@@ -276,42 +276,76 @@ func (a *Appender) flush(rel string, g *group, batch []*request) {
 
 // appendTo appends buf through the group's cached descriptor (opening it
 // if needed), under the log's flock. g.io is held.
+//
+// The size to append at is read, once the lock is held, from the log's
+// path, not from the descriptor: the same one statx also tells whether the
+// path still names the cached file. A log deleted or replaced (another
+// file renamed over it) under the store would otherwise keep receiving
+// appends in a file that no name leads to: they are acknowledged and
+// lost. Then the descriptor is dropped and the log opened again (created,
+// after a deletion), as any appender does when the file it locked is no
+// longer the log. (A deletion between that statx and the write, by a
+// process that takes no lock, still takes the record with it, as it would
+// an instant later.)
 func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, error) {
 	path := filepath.Join(a.dir, rel)
-	if g.f == nil {
-		if !a.admit(g) {
-			// Every cached log is busy: append without caching.
-			g.end = -1
-			off, err := AppendLocked(path, buf, a.sync)
-			ino, _ := Inode(path)
-			return off, ino, err
+	for try := 0; ; try++ {
+		if g.f == nil {
+			if !a.admit(g) {
+				// Every cached log is busy: append without caching.
+				g.end = -1
+				off, err := AppendLocked(path, buf, a.sync)
+				ino, _ := Inode(path)
+				return off, ino, err
+			}
+			f, dirs, err := openLog(path)
+			if err != nil {
+				a.release(g)
+				return 0, 0, err
+			}
+			ino, err := fileInode(f)
+			if err != nil {
+				f.Close()
+				a.release(g)
+				return 0, 0, fmt.Errorf("stat log: %w", err)
+			}
+			if ino != g.ino {
+				g.end = -1 // not the file our last append left
+			}
+			g.f, g.ino = f, ino
+			if dirs != nil {
+				g.dirs = dirs
+			}
+		} else {
+			a.mu.Lock()
+			a.lru.MoveToFront(g.elem)
+			a.mu.Unlock()
 		}
-		f, dirs, err := openLog(path)
-		if err != nil {
-			a.release(g)
-			return 0, 0, err
+		if err := unix.Flock(int(g.f.Fd()), unix.LOCK_EX); err != nil {
+			return 0, 0, fmt.Errorf("lock log: %w", err)
 		}
-		ino, err := fileInode(f)
-		if err != nil {
-			f.Close()
-			a.release(g)
+		size, ino, err := PathSize(path)
+		if err == nil && ino == g.ino {
+			return a.appendLocked(g, buf, size)
+		}
+		_ = unix.Flock(int(g.f.Fd()), unix.LOCK_UN)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return 0, 0, fmt.Errorf("stat log: %w", err)
 		}
-		if ino != g.ino {
-			g.end = -1 // not the file our last append left
+		// Deleted or replaced since it was opened: open the log again.
+		g.f.Close()
+		g.f, g.end = nil, -1
+		a.release(g)
+		g.learn(unknownTail, 0)
+		if try == 3 {
+			return 0, 0, errors.New("open log: the log is deleted or replaced while it is opened, again and again")
 		}
-		g.f, g.ino = f, ino
-		if dirs != nil {
-			g.dirs = dirs
-		}
-	} else {
-		a.mu.Lock()
-		a.lru.MoveToFront(g.elem)
-		a.mu.Unlock()
 	}
-	if err := unix.Flock(int(g.f.Fd()), unix.LOCK_EX); err != nil {
-		return 0, 0, fmt.Errorf("lock log: %w", err)
-	}
+}
+
+// appendLocked appends buf to the group's file, whose flock is held and
+// whose size is size, and releases the flock. g.io is held.
+func (a *Appender) appendLocked(g *group, buf []byte, size int64) (int64, uint64, error) {
 	var dirErr chan error
 	if g.dirs != nil {
 		// The first append to a log this appender created: its directory
@@ -319,7 +353,7 @@ func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, er
 		dirErr = make(chan error, 1)
 		go func(dirs []string) { dirErr <- syncDirs(dirs, a.sync) }(g.dirs)
 	}
-	off, err := appendHeld(g.f, buf, a.sync, g)
+	off, err := appendHeld(g.f, buf, a.sync, g, size)
 	if dirErr != nil {
 		if derr := <-dirErr; err == nil {
 			if err = derr; err == nil {
@@ -538,7 +572,7 @@ func AppendLocked(path string, buf []byte, sync Syncer) (int64, error) {
 			}
 			continue
 		}
-		off, err := appendHeld(f, buf, sync, nil)
+		off, err := appendHeld(f, buf, sync, nil, -1)
 		if err == nil {
 			err = syncDirs(dirs, sync)
 		}
@@ -622,11 +656,14 @@ func syncDirs(dirs []string, sync Syncer) error {
 // before the call. g is the store's appender's group of the log (nil for
 // the others): a file still of the size its last append left it ends in
 // that append's newline, and the write holds g.wmu and records what it
-// wrote.
-func appendHeld(f *os.File, buf []byte, sync Syncer, g *group) (int64, error) {
-	size, _, err := fileSize(f)
-	if err != nil {
-		return 0, fmt.Errorf("stat log: %w", err)
+// wrote. size is the file's size when the caller read it under the lock
+// (-1: read it here).
+func appendHeld(f *os.File, buf []byte, sync Syncer, g *group, size int64) (int64, error) {
+	if size < 0 {
+		var err error
+		if size, _, err = fileSize(f); err != nil {
+			return 0, fmt.Errorf("stat log: %w", err)
+		}
 	}
 	start := size
 	if size > 0 && (g == nil || g.end != size) {
