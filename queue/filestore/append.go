@@ -3,6 +3,7 @@ package filestore
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -54,7 +55,8 @@ func Append(dir string, envs ...*envelope.Envelope) error {
 	return nil
 }
 
-// ErrStoreBusy is returned by Known when a running process holds the store.
+// ErrStoreBusy is returned by Known when a running process holds the store
+// (and matched by every *StoreInUseError).
 var ErrStoreBusy = errors.New("queue: store is open in another process")
 
 // Known reports which (tenant, id) pairs the store in dir has indexed,
@@ -64,6 +66,17 @@ var ErrStoreBusy = errors.New("queue: store is open in another process")
 func Known(dir string, keys []envelope.Key) (map[envelope.Key]bool, error) {
 	out := map[envelope.Key]bool{}
 	path := filepath.Join(dir, IndexFile)
+	if fi, err := os.Stat(path); isNotExist(err) || (err == nil && fi.Size() == 0) {
+		return out, nil
+	}
+	lk, err := lockDir(dir, false, 50*time.Millisecond)
+	if err != nil {
+		if errors.Is(err, ErrStoreBusy) {
+			return nil, ErrStoreBusy
+		}
+		return nil, err
+	}
+	defer lk.release()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 50 * time.Millisecond})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {

@@ -32,14 +32,22 @@ func (r *Report) OK() bool { return len(r.Problems) == 0 }
 
 // Check verifies that the index and the logs of the store in dir agree:
 // bbolt's own consistency check, every log offset within its file, every
-// envelope's record readable at its place and naming the same id, every row
-// present in exactly the indexes its state implies. It opens the store
-// read-only and fails with ErrStoreBusy while another process has it open.
+// envelope's record readable at its place and naming the same id, every
+// row present in exactly the indexes its state implies. It takes the data
+// directory's lock shared and opens the index read-only; it fails with
+// ErrStoreBusy (a *StoreInUseError) while another process has the store
+// open. A missing index is an error; one that cannot be opened is
+// reported as a problem starting with "index".
 func Check(dir string) (*Report, error) {
 	path := filepath.Join(dir, IndexFile)
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("check: %w", err)
 	}
+	lk, err := lockDir(dir, false, 100*time.Millisecond)
+	if err != nil {
+		return nil, err
+	}
+	defer lk.release()
 	db, err := openReadOnly(path)
 	if err != nil {
 		if errors.Is(err, ErrStoreBusy) {
@@ -195,28 +203,27 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 // recovered from the logs: every rebuilt row whose envelope has not expired
 // becomes unresolved (class index_rebuilt), never redelivered automatically;
 // an operator requeues or resolves them. It returns the number of envelopes
-// indexed.
+// indexed. It holds the data directory's lock throughout.
 func Rebuild(dir string, opts *Options) (int, error) {
 	o := opts.withDefaults()
+	o.DisableWatcher = true
+	o.RescanInterval = -1
+	if err := os.MkdirAll(filepath.Join(dir, applog.Dir), 0o700); err != nil {
+		return 0, fmt.Errorf("rebuild: %w", err)
+	}
+	lk, err := lockDir(dir, true, o.LockTimeout)
+	if err != nil {
+		return 0, err
+	}
+	defer lk.release()
 	path := filepath.Join(dir, IndexFile)
 	if _, err := os.Stat(path); err == nil {
-		// Refuse while a process holds the store.
-		db, err := openReadOnly(path)
-		if errors.Is(err, ErrStoreBusy) {
-			return 0, err
-		}
-		if db != nil {
-			db.Close()
-		}
 		aside := path + ".broken-" + o.Now().UTC().Format("20060102T150405")
 		if err := os.Rename(path, aside); err != nil {
 			return 0, fmt.Errorf("rebuild: move the old index aside: %w", err)
 		}
 	}
-	oo := o
-	oo.DisableWatcher = true
-	oo.RescanInterval = -1
-	q, err := Open(dir, &oo)
+	q, err := openLocked(dir, o, lk)
 	if err != nil {
 		return 0, fmt.Errorf("rebuild: %w", err)
 	}
@@ -253,21 +260,61 @@ func Rebuild(dir string, opts *Options) (int, error) {
 }
 
 // CompactFile rewrites the index of the (closed) store in dir into a new,
-// compact bbolt file and swaps it in atomically. It returns the sizes before
-// and after.
+// compact bbolt file and swaps it in atomically, holding the data
+// directory's lock throughout. It returns the sizes before and after.
 func CompactFile(dir string) (before, after int64, err error) {
+	lk, err := lockDir(dir, true, 100*time.Millisecond)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer lk.release()
+	return compactLocked(dir)
+}
+
+// Compact prunes the terminal rows of the store in dir past
+// Options.Retention (Prune, removing logs left empty) and compacts its
+// index file (CompactFile), holding the data directory's lock from the
+// first step to the last: no other process can open the store in between,
+// nor hold the old file while the new one is renamed over it. It returns
+// the envelopes pruned and the file sizes before and after.
+func Compact(ctx context.Context, dir string, opts *Options) (pruned int, before, after int64, err error) {
+	o := opts.withDefaults()
+	o.DisableWatcher = true
+	o.RescanInterval = -1
+	lk, err := lockDir(dir, true, o.LockTimeout)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer lk.release()
+	q, err := openLocked(dir, o, lk)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	pruned, err = q.Prune(ctx)
+	if cerr := q.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return pruned, 0, 0, err
+	}
+	before, after, err = compactLocked(dir)
+	return pruned, before, after, err
+}
+
+// compactLocked compacts the index of dir, whose lock the caller holds.
+func compactLocked(dir string) (before, after int64, err error) {
 	path := filepath.Join(dir, IndexFile)
-	src, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond})
+	src, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
-			return 0, 0, ErrStoreBusy
+			return 0, 0, &StoreInUseError{Path: dir, PID: readPID(dir)}
 		}
 		return 0, 0, err
 	}
 	defer src.Close()
 	tmp := path + ".compact.tmp"
 	_ = os.Remove(tmp)
-	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: time.Second})
+	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		return 0, 0, err
 	}
@@ -281,19 +328,31 @@ func CompactFile(dir string) (before, after int64, err error) {
 		os.Remove(tmp)
 		return 0, 0, err
 	}
-	dst.Close()
+	if err := dst.Close(); err != nil {
+		os.Remove(tmp)
+		return 0, 0, err
+	}
 	if fi, err := os.Stat(path); err == nil {
 		before = fi.Size()
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return 0, 0, err
 	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
+	if err := syncDir(dir); err != nil {
+		return 0, 0, err
 	}
 	if fi, err := os.Stat(path); err == nil {
 		after = fi.Size()
 	}
 	return before, after, nil
+}
+
+// syncDir fsyncs a directory (its entries).
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }

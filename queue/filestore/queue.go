@@ -37,6 +37,9 @@ type Queue struct {
 	app  *applog.Appender
 	m    *storeMetrics
 
+	lock    *dirLock // the data directory's lock
+	ownLock bool     // Close releases lock (Open); else the caller does
+
 	ops    chan *op
 	notify chan struct{}
 
@@ -91,7 +94,9 @@ func (o *op) finish(err error) {
 	}
 }
 
-// StoreInUseError is returned by Open when another process holds the store.
+// StoreInUseError is returned by Open (and Rebuild, CompactFile, Compact,
+// Check) when another process, or another Open in this process, holds the
+// data directory's lock. It matches ErrStoreBusy with errors.Is.
 type StoreInUseError struct {
 	Path string
 	PID  int // the holder's pid when known (0 otherwise)
@@ -102,20 +107,39 @@ func (e *StoreInUseError) Error() string {
 	if e.PID > 0 {
 		s += " by pid " + strconv.Itoa(e.PID)
 	}
-	return s + " (another outbox serve, or a program embedding the queue, has it open)"
+	return s + " (another outbox serve, an outbox command such as compact or doctor --rebuild, or a program embedding the queue, has it open)"
 }
 
-// Open opens (creating) the store in dir. It takes the store's lock, waits
-// at most Options.LockTimeout for it, repairs the index from the logs
-// (records appended after the last indexed offset, including by other
-// processes while it was closed) and starts the tailer. Rows that a
-// previous process was sending keep their lease: once it expires, a
-// worker's Recover hands them to reconciliation.
+// Is makes a *StoreInUseError match ErrStoreBusy.
+func (e *StoreInUseError) Is(target error) bool { return target == ErrStoreBusy }
+
+// Open opens (creating) the store in dir. It takes the data directory's
+// lock (LockFile), waiting at most Options.LockTimeout for it, repairs the
+// index from the logs (records appended after the last indexed offset,
+// including by other processes while it was closed) and starts the
+// tailer. Rows that a previous process was sending keep their lease: once
+// it expires, a worker's Recover hands them to reconciliation.
 func Open(dir string, opts *Options) (*Queue, error) {
 	o := opts.withDefaults()
 	if err := os.MkdirAll(filepath.Join(dir, applog.Dir), 0o700); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
+	lk, err := lockDir(dir, true, o.LockTimeout)
+	if err != nil {
+		return nil, err
+	}
+	q, err := openLocked(dir, o, lk)
+	if err != nil {
+		lk.release()
+		return nil, err
+	}
+	q.ownLock = true
+	return q, nil
+}
+
+// openLocked opens the store in dir, whose lock lk the caller holds; the
+// caller releases it (Close does when ownLock is set).
+func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	path := filepath.Join(dir, IndexFile)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:        o.LockTimeout,
@@ -125,6 +149,7 @@ func Open(dir string, opts *Options) (*Queue, error) {
 	})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
+			// An older build, which does not take the directory's lock.
 			return nil, &StoreInUseError{Path: dir, PID: readPID(dir)}
 		}
 		return nil, fmt.Errorf("open store index %s: %w (run \"outbox doctor\" to check or rebuild it)", path, err)
@@ -134,6 +159,7 @@ func Open(dir string, opts *Options) (*Queue, error) {
 		opts:     o,
 		log:      o.Logger,
 		db:       db,
+		lock:     lk,
 		ops:      make(chan *op, 1024),
 		notify:   make(chan struct{}, 1),
 		inflight: map[string]struct{}{},
@@ -208,6 +234,9 @@ func (q *Queue) Close() error {
 		q.app.Close()
 		removePID(q.dir)
 		err = q.db.Close()
+		if q.ownLock {
+			q.lock.release()
+		}
 	})
 	return err
 }

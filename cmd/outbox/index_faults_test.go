@@ -1,0 +1,194 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Faults of the index outside the kill drill (issue K): a lost or emptied
+// index.db, a killed doctor --rebuild, compact racing a starting serve, a
+// scrambled index.db. Each runs the binary on real files and checks from
+// the provider's side (the sink's journal: one line per Deliver call) that
+// nothing is delivered twice.
+
+const faultToken = "index-fault-token-0123456789"
+
+// faultRounds is how many rounds the randomized tests run: a few in make
+// test, more with OUTBOX_INDEX_FAULT_ROUNDS (make index-faults).
+func faultRounds(short int) int {
+	if n, err := strconv.Atoi(os.Getenv("OUTBOX_INDEX_FAULT_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	return short
+}
+
+// tryServe starts outbox serve on data and waits until it listens or
+// exits. It returns the daemon (nil if it exited) and what it printed.
+func tryServe(t *testing.T, bin, data string) (*daemon, string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, "serve", "--data", data, "--addr", "127.0.0.1:0", "--lease", "2s", "--sink-journal")
+	cmd.Env = append(os.Environ(), "INTERNAL_OUTBOX_TOKEN="+faultToken)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var logs bytes.Buffer
+	found := make(chan string, 1)
+	eof := make(chan struct{})
+	go func() {
+		defer close(eof)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			mu.Lock()
+			logs.WriteString(sc.Text() + "\n")
+			mu.Unlock()
+			if after, ok := strings.CutPrefix(sc.Text(), "listening on "); ok {
+				found <- after
+			}
+		}
+	}()
+	text := func() string { mu.Lock(); defer mu.Unlock(); return logs.String() }
+	select {
+	case base := <-found:
+		t.Cleanup(func() {
+			if cmd.ProcessState == nil {
+				cmd.Process.Kill()
+				cmd.Wait()
+			}
+		})
+		return &daemon{cmd: cmd, base: base, logs: &bytes.Buffer{}}, text(), 0
+	case <-eof:
+		err := cmd.Wait()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		return nil, text(), code
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("serve neither listened nor exited:\n%s", text())
+	}
+	return nil, "", 0
+}
+
+// journal returns the sink's Deliver calls for telegram: how many, and
+// how many keys were delivered more than once.
+func journal(t *testing.T, data string) (calls, twice int) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(data, "sink", "telegram.journal"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	per := map[string]int{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if l == "" {
+			continue
+		}
+		calls++
+		if per[l]++; per[l] == 2 {
+			twice++
+		}
+	}
+	return calls, twice
+}
+
+// noCrash fails when a command's output shows a Go panic or fault.
+func noCrash(t *testing.T, what, out string) {
+	t.Helper()
+	for _, s := range []string{"panic:", "fatal error:", "goroutine ", "SIGSEGV", "SIGBUS"} {
+		if strings.Contains(out, s) {
+			t.Fatalf("%s crashed:\n%s", what, out)
+		}
+	}
+}
+
+// delivered runs serve on a new data directory, enqueues n telegram
+// replies over HTTP, waits until the sink delivered each once, and stops.
+func delivered(t *testing.T, bin string, n int) string {
+	t.Helper()
+	data := t.TempDir()
+	d := startServe(t, bin, data, faultToken, "--sink-journal")
+	for i := 0; i < n; i += 100 {
+		var batch []json.RawMessage
+		for j := i; j < min(i+100, n); j++ {
+			batch = append(batch, replyJSON(fmt.Sprintf("r%04d", j), "u"+strconv.Itoa(j%7)))
+		}
+		body, _ := json.Marshal(batch)
+		if code, b := request(t, "POST", d.base+"/v1/envelopes", faultToken, body); code != 201 {
+			t.Fatalf("POST = %d %s", code, b)
+		}
+	}
+	eventually(t, "every reply delivered", func() bool {
+		c, _ := journal(t, data)
+		return c >= n
+	})
+	d.stop(t)
+	if c, twice := journal(t, data); c != n || twice != 0 {
+		t.Fatalf("setup: %d deliveries of %d replies, %d twice", c, n, twice)
+	}
+	return data
+}
+
+// outbox compact and outbox serve started together, many times: at most
+// one daemon ever runs on the data directory (a second serve fails with
+// "in use by pid"), and nothing is delivered twice.
+func TestFault_CompactRacingServe(t *testing.T) {
+	bin := buildBinary(t)
+	const n = 300
+	data := delivered(t, bin, n)
+	rounds := faultRounds(4)
+	served, refused := 0, 0
+	for r := 0; r < rounds; r++ {
+		compact := exec.Command(bin, "compact", "--data", data)
+		var cout bytes.Buffer
+		compact.Stdout, compact.Stderr = &cout, &cout
+		if err := compact.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(r%5) * 5 * time.Millisecond)
+		d, out, _ := tryServe(t, bin, data)
+		compact.Wait()
+		noCrash(t, "compact", cout.String())
+		noCrash(t, "serve", out)
+		if d == nil {
+			refused++
+			if !strings.Contains(out, "in use") {
+				t.Fatalf("round %d: serve failed for another reason than compact holding the store:\n%s", r, out)
+			}
+			continue
+		}
+		served++
+		second, out2, _ := tryServe(t, bin, data)
+		if second != nil {
+			second.stop(t)
+			d.stop(t)
+			t.Fatalf("round %d: two daemons on one data directory (compact: %s)", r, cout.String())
+		}
+		if want := "in use by pid " + strconv.Itoa(d.cmd.Process.Pid); !strings.Contains(out2, want) {
+			t.Fatalf("round %d: the second serve's error does not say %q:\n%s", r, want, out2)
+		}
+		d.stop(t)
+	}
+	if calls, twice := journal(t, data); calls != n || twice != 0 {
+		t.Fatalf("%d deliveries of %d replies, %d twice", calls, n, twice)
+	}
+	if out, code := outbox(t, bin, "doctor", "--data", data); code != 0 {
+		t.Fatalf("doctor = %d:\n%s", code, out)
+	}
+	t.Logf("%d rounds: serve ran in %d, was refused while compact held the store in %d", rounds, served, refused)
+}
