@@ -5,14 +5,19 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
 )
 
 // Faults of the index outside the kill drill (issue K): a lost or emptied
@@ -144,6 +149,87 @@ func delivered(t *testing.T, bin string, n int) string {
 	return data
 }
 
+// settled waits until the running serve on data has no pending, sending
+// or retryable row and returns the counts.
+func settled(t *testing.T, bin, data string) queue.Counts {
+	t.Helper()
+	var c queue.Counts
+	eventually(t, "rows settled", func() bool {
+		out, code := outbox(t, bin, "stats", "--data", data, "--json")
+		if code != 0 {
+			return false
+		}
+		c = queue.Counts{}
+		if json.Unmarshal([]byte(out), &c) != nil {
+			return false
+		}
+		return c.Total(envelope.StatePending)+c.Total(envelope.StateSending)+c.Total(envelope.StateRetryable) == 0
+	})
+	return c
+}
+
+// doctor --rebuild killed (SIGKILL) at a random moment, each round on a
+// copy of a store whose replies were all delivered: the next serve
+// delivers nothing again, whatever the moment.
+func TestFault_RebuildKilledNotResent(t *testing.T) {
+	bin := buildBinary(t)
+	const n = 300
+	pristine := delivered(t, bin, n)
+
+	// How long a whole rebuild takes here: the kills fall within it.
+	probe := t.TempDir()
+	copyDir(t, pristine, probe)
+	start := time.Now()
+	if out, code := outbox(t, bin, "doctor", "--rebuild", "--data", probe); code != 0 {
+		t.Fatalf("doctor --rebuild = %d:\n%s", code, out)
+	}
+	took := time.Since(start)
+
+	rounds := faultRounds(3)
+	killed := 0
+	for r := 0; r < rounds; r++ {
+		data := t.TempDir()
+		copyDir(t, pristine, data)
+		cmd := exec.Command(bin, "doctor", "--rebuild", "--data", data)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		delay := time.Duration(rand.Int64N(int64(took))) // within the rebuild
+		time.Sleep(delay)
+		if cmd.Process.Signal(syscall.SIGKILL) == nil {
+			killed++
+		}
+		cmd.Wait()
+
+		d, out, _ := tryServe(t, bin, data)
+		noCrash(t, "serve", out)
+		if d == nil {
+			// Refusing is safe; the rebuild the message asks for then
+			// completes it.
+			if !strings.Contains(out, "doctor") {
+				t.Fatalf("round %d: serve after a killed rebuild:\n%s", r, out)
+			}
+			if out, code := outbox(t, bin, "doctor", "--rebuild", "--data", data); code != 0 {
+				t.Fatalf("round %d: doctor --rebuild = %d:\n%s", r, code, out)
+			}
+			if d, out, _ = tryServe(t, bin, data); d == nil {
+				t.Fatalf("round %d: serve after the rebuild:\n%s", r, out)
+			}
+		}
+		c := settled(t, bin, data)
+		d.stop(t)
+		calls, twice := journal(t, data)
+		if calls != n || twice != 0 {
+			t.Fatalf("round %d (killed %s into a %s rebuild): %d deliveries of %d replies, %d twice; rows %v",
+				r, delay.Round(time.Millisecond), took.Round(time.Millisecond), calls, n, twice, c)
+		}
+		if out, code := outbox(t, bin, "doctor", "--data", data); code != 0 {
+			t.Fatalf("round %d: doctor after the killed rebuild = %d:\n%s", r, code, out)
+		}
+	}
+	t.Logf("rebuild %s; %d rounds, %d kills, nothing delivered twice", took.Round(time.Millisecond), rounds, killed)
+}
+
 // outbox compact and outbox serve started together, many times: at most
 // one daemon ever runs on the data directory (a second serve fails with
 // "in use by pid"), and nothing is delivered twice.
@@ -191,4 +277,29 @@ func TestFault_CompactRacingServe(t *testing.T) {
 		t.Fatalf("doctor = %d:\n%s", code, out)
 	}
 	t.Logf("%d rounds: serve ran in %d, was refused while compact held the store in %d", rounds, served, refused)
+}
+
+func copyDir(t *testing.T, from, to string) {
+	t.Helper()
+	err := filepath.Walk(from, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(from, p)
+		dst := filepath.Join(to, rel)
+		switch {
+		case fi.IsDir():
+			return os.MkdirAll(dst, 0o700)
+		case !fi.Mode().IsRegular():
+			return nil // the socket of a stopped serve
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(dst, b, 0o600)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

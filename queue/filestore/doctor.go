@@ -15,6 +15,7 @@ import (
 	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"golang.org/x/sys/unix"
 )
 
 // Report is the result of Check.
@@ -198,16 +199,22 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 }
 
 // Rebuild rebuilds the index of the store in dir from its logs, after the
-// bbolt file was lost or corrupted. The old file, if any, is kept beside it
-// as index.db.broken-<time>. Consent records and delivery states cannot be
-// recovered from the logs: every rebuilt row whose envelope has not expired
-// becomes unresolved (class index_rebuilt), never redelivered automatically;
-// an operator requeues or resolves them. It returns the number of envelopes
-// indexed. It holds the data directory's lock throughout.
+// bbolt file was lost or damaged (or on request: outbox doctor --rebuild).
+// It never opens the old file, so it works on one that cannot be opened at
+// all. Consent records and delivery states cannot be recovered from the
+// logs: every rebuilt row whose envelope has not expired is unresolved
+// (class index_rebuilt), never redelivered automatically; an operator
+// requeues or resolves it. It returns the number of envelopes indexed.
+//
+// It is atomic and crash-safe: it takes the data directory's lock, builds
+// the new index in index.db.rebuild beside the old one, with every row
+// created unresolved or expired in the transaction that creates it,
+// fsyncs it, keeps the old file as index.db.broken-<time> (a hard link)
+// and renames the new one over index.db, then fsyncs the directory.
+// Killed at any instant, it leaves index.db as it was or the complete new
+// index.
 func Rebuild(dir string, opts *Options) (int, error) {
 	o := opts.withDefaults()
-	o.DisableWatcher = true
-	o.RescanInterval = -1
 	if err := os.MkdirAll(filepath.Join(dir, applog.Dir), 0o700); err != nil {
 		return 0, fmt.Errorf("rebuild: %w", err)
 	}
@@ -217,46 +224,127 @@ func Rebuild(dir string, opts *Options) (int, error) {
 	}
 	defer lk.release()
 	path := filepath.Join(dir, IndexFile)
-	if _, err := os.Stat(path); err == nil {
-		aside := path + ".broken-" + o.Now().UTC().Format("20060102T150405")
-		if err := os.Rename(path, aside); err != nil {
-			return 0, fmt.Errorf("rebuild: move the old index aside: %w", err)
-		}
+	if indexFileBusy(path) {
+		return 0, &StoreInUseError{Path: dir, PID: readPID(dir)}
 	}
-	q, err := openLocked(dir, o, lk)
+	tmp := path + ".rebuild"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("rebuild: remove an unfinished rebuild: %w", err)
+	}
+	n, err := buildIndex(dir, tmp, o)
 	if err != nil {
+		_ = os.Remove(tmp)
 		return 0, fmt.Errorf("rebuild: %w", err)
 	}
-	defer q.Close()
-	n := 0
-	now := o.Now()
-	err = q.write(context.Background(), false, func(tx *bolt.Tx) error {
-		var keys [][]byte
-		_ = tx.Bucket(bktEnv).ForEach(func(k, _ []byte) error {
-			keys = append(keys, append([]byte(nil), k...))
+	if _, err := os.Lstat(path); err == nil {
+		if err := keepAside(path, o.Now()); err != nil {
+			_ = os.Remove(tmp)
+			return 0, fmt.Errorf("rebuild: keep the old index: %w", err)
+		}
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return 0, fmt.Errorf("rebuild: swap in the new index: %w", err)
+	}
+	if err := syncDir(dir); err != nil {
+		return 0, fmt.Errorf("rebuild: %w", err)
+	}
+	return n, nil
+}
+
+// buildIndex indexes every log of dir into a new bbolt file at path, with
+// every row unresolved or expired, and fsyncs it.
+func buildIndex(dir, path string, o Options) (int, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	if err != nil {
+		return 0, err
+	}
+	n, err := fillIndex(dir, db, o)
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	return n, err
+}
+
+func fillIndex(dir string, db *bolt.DB, o Options) (int, error) {
+	o.Registerer = nil // the metrics of a store that never opens
+	q := &Queue{
+		dir:      dir,
+		opts:     o,
+		log:      o.Logger,
+		db:       db,
+		rebuild:  true,
+		inflight: map[string]struct{}{},
+		known:    map[string]*prepared{},
+		cache:    newEnvCache(1),
+		app:      applog.NewAppender(dir, nil),
+		m:        newStoreMetrics(nil),
+	}
+	defer q.app.Close()
+	if err := q.init(); err != nil {
+		return 0, err
+	}
+	rels, err := q.listLogs()
+	if err != nil {
+		return 0, err
+	}
+	// Several transactions, a batch of logs each: the file is not the
+	// index until it is renamed over index.db.
+	const perTx = 256
+	for i := 0; i < len(rels); i += perTx {
+		err := db.Update(func(tx *bolt.Tx) error {
+			for _, rel := range rels[i:min(i+perTx, len(rels))] {
+				if err := q.catchUp(tx, rel, nil); err != nil {
+					return err
+				}
+			}
 			return nil
 		})
-		for _, ek := range keys {
-			e, err := getEnv(tx, ek)
-			if err != nil || e == nil {
-				return err
-			}
-			n++
-			recs, _, err := loadRows(tx, ek, e)
-			if err != nil {
-				return err
-			}
-			st, err := queue.Rebuilt(e.Segs, fromNano(e.Exp), now)
-			if err != nil {
-				return err
-			}
-			if err := q.apply(tx, ek, e, recs, st, now); err != nil {
-				return err
-			}
+		if err != nil {
+			return 0, err
 		}
+	}
+	n := 0
+	if err := db.View(func(tx *bolt.Tx) error {
+		n = tx.Bucket(bktEnv).Stats().KeyN
 		return nil
-	})
-	return n, err
+	}); err != nil {
+		return 0, err
+	}
+	return n, db.Sync()
+}
+
+// keepAside hard-links the index at path to path.broken-<time> (a new
+// name), so that renaming the new index over path replaces it atomically;
+// where hard links are refused it renames it instead (a crash before the
+// new one is in place then leaves no index.db).
+func keepAside(path string, now time.Time) error {
+	base := path + ".broken-" + now.UTC().Format("20060102T150405")
+	aside := base
+	for i := 2; ; i++ {
+		if _, err := os.Lstat(aside); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		aside = fmt.Sprintf("%s-%d", base, i)
+	}
+	if err := os.Link(path, aside); err == nil {
+		return nil
+	}
+	return os.Rename(path, aside)
+}
+
+// indexFileBusy reports whether a process holds bbolt's own lock on the
+// index file: an older build, which does not take the directory's lock.
+func indexFileBusy(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return true
+	}
+	_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false
 }
 
 // CompactFile rewrites the index of the (closed) store in dir into a new,

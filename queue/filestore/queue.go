@@ -39,6 +39,9 @@ type Queue struct {
 
 	lock    *dirLock // the data directory's lock
 	ownLock bool     // Close releases lock (Open); else the caller does
+	// rebuild: records are indexed with their rows already unresolved (or
+	// expired), never pending (Rebuild's index under construction).
+	rebuild bool
 
 	ops    chan *op
 	notify chan struct{}
