@@ -168,6 +168,56 @@ func settled(t *testing.T, bin, data string) queue.Counts {
 	return c
 }
 
+// An index.db deleted or emptied while serve was stopped: serve refuses to
+// start, naming outbox doctor --rebuild, and delivers nothing; after the
+// rebuild every row is unresolved and nothing is delivered again.
+func TestFault_LostIndexNotResent(t *testing.T) {
+	bin := buildBinary(t)
+	for _, how := range []string{"deleted", "emptied"} {
+		t.Run(how, func(t *testing.T) {
+			const n = 5
+			data := delivered(t, bin, n)
+			idx := filepath.Join(data, "index.db")
+			var err error
+			if how == "deleted" {
+				err = os.Remove(idx)
+			} else {
+				err = os.Truncate(idx, 0)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, out, code := tryServe(t, bin, data)
+			if d != nil {
+				time.Sleep(time.Second)
+				d.cmd.Process.Kill()
+				d.cmd.Wait()
+				c, _ := journal(t, data)
+				t.Fatalf("serve started on a lost index and delivered %d of %d replies again", c-n, n)
+			}
+			noCrash(t, "serve", out)
+			if code != exitFailure || !strings.Contains(out, "outbox doctor --rebuild") || !strings.Contains(out, "index") {
+				t.Fatalf("serve on a lost index = %d, want 1 with a message naming outbox doctor --rebuild:\n%s", code, out)
+			}
+			if out, code := outbox(t, bin, "doctor", "--rebuild", "--data", data); code != 0 || !strings.Contains(out, fmt.Sprintf("rebuilt: %d envelopes", n)) {
+				t.Fatalf("doctor --rebuild = %d:\n%s", code, out)
+			}
+			d, out, _ = tryServe(t, bin, data)
+			if d == nil {
+				t.Fatalf("serve after the rebuild:\n%s", out)
+			}
+			c := settled(t, bin, data)
+			d.stop(t)
+			if c.Total(envelope.StateUnresolved) != n {
+				t.Fatalf("after the rebuild: %v, want %d unresolved", c, n)
+			}
+			if calls, _ := journal(t, data); calls != n {
+				t.Fatalf("%d deliveries after the rebuild, want %d (nothing again)", calls, n)
+			}
+		})
+	}
+}
+
 // doctor --rebuild killed (SIGKILL) at a random moment, each round on a
 // copy of a store whose replies were all delivered: the next serve
 // delivers nothing again, whatever the moment.

@@ -37,11 +37,12 @@ func (r *Report) OK() bool { return len(r.Problems) == 0 }
 // row present in exactly the indexes its state implies. It takes the data
 // directory's lock shared and opens the index read-only; it fails with
 // ErrStoreBusy (a *StoreInUseError) while another process has the store
-// open. A missing index is an error; one that cannot be opened is
-// reported as a problem starting with "index".
+// open. A missing index is an error; an empty or damaged one is reported
+// as a problem starting with "index".
 func Check(dir string) (*Report, error) {
 	path := filepath.Join(dir, IndexFile)
-	if _, err := os.Stat(path); err != nil {
+	fi, err := os.Stat(path)
+	if err != nil {
 		return nil, fmt.Errorf("check: %w", err)
 	}
 	lk, err := lockDir(dir, false, 100*time.Millisecond)
@@ -49,6 +50,9 @@ func Check(dir string) (*Report, error) {
 		return nil, err
 	}
 	defer lk.release()
+	if fi.Size() == 0 {
+		return &Report{Problems: []string{"index is empty (0 bytes)"}}, nil
+	}
 	db, err := openReadOnly(path)
 	if err != nil {
 		if errors.Is(err, ErrStoreBusy) {
@@ -206,13 +210,14 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 // (class index_rebuilt), never redelivered automatically; an operator
 // requeues or resolves it. It returns the number of envelopes indexed.
 //
-// It is atomic and crash-safe: it takes the data directory's lock, builds
-// the new index in index.db.rebuild beside the old one, with every row
-// created unresolved or expired in the transaction that creates it,
-// fsyncs it, keeps the old file as index.db.broken-<time> (a hard link)
-// and renames the new one over index.db, then fsyncs the directory.
-// Killed at any instant, it leaves index.db as it was or the complete new
-// index.
+// It is atomic and crash-safe: it takes the data directory's lock, writes
+// StampFile (so that an index missing after a crash is a lost one, never
+// a new one), builds the new index in index.db.rebuild beside the old one
+// with every row created unresolved or expired in the transaction that
+// creates it, fsyncs it, keeps the old file as index.db.broken-<time> (a
+// hard link) and renames the new one over index.db, then fsyncs the
+// directory. Killed at any instant, it leaves index.db as it was or the
+// complete new index.
 func Rebuild(dir string, opts *Options) (int, error) {
 	o := opts.withDefaults()
 	if err := os.MkdirAll(filepath.Join(dir, applog.Dir), 0o700); err != nil {
@@ -226,6 +231,9 @@ func Rebuild(dir string, opts *Options) (int, error) {
 	path := filepath.Join(dir, IndexFile)
 	if indexFileBusy(path) {
 		return 0, &StoreInUseError{Path: dir, PID: readPID(dir)}
+	}
+	if err := writeStamp(dir); err != nil {
+		return 0, fmt.Errorf("rebuild: %w", err)
 	}
 	tmp := path + ".rebuild"
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -316,7 +324,8 @@ func fillIndex(dir string, db *bolt.DB, o Options) (int, error) {
 // keepAside hard-links the index at path to path.broken-<time> (a new
 // name), so that renaming the new index over path replaces it atomically;
 // where hard links are refused it renames it instead (a crash before the
-// new one is in place then leaves no index.db).
+// new one is in place then leaves no index.db, which Open refuses as
+// lost).
 func keepAside(path string, now time.Time) error {
 	base := path + ".broken-" + now.UTC().Format("20060102T150405")
 	aside := base

@@ -122,6 +122,14 @@ func (e *StoreInUseError) Is(target error) bool { return target == ErrStoreBusy 
 // including by other processes while it was closed) and starts the
 // tailer. Rows that a previous process was sending keep their lease: once
 // it expires, a worker's Recover hands them to reconciliation.
+//
+// A data directory whose index was lost (index.db missing, empty, or
+// without its layout) while its logs hold records fails with
+// *IndexLostError: indexing those records again would deliver every one
+// of them a second time. Rebuild (outbox doctor --rebuild) indexes them
+// with every row unresolved instead. A new data directory (no StampFile)
+// opens normally, and records appended to its logs before the first Open
+// are new work.
 func Open(dir string, opts *Options) (*Queue, error) {
 	o := opts.withDefaults()
 	if err := os.MkdirAll(filepath.Join(dir, applog.Dir), 0o700); err != nil {
@@ -144,6 +152,17 @@ func Open(dir string, opts *Options) (*Queue, error) {
 // caller releases it (Close does when ownLock is set).
 func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	path := filepath.Join(dir, IndexFile)
+	fresh := true
+	if fi, err := os.Stat(path); err == nil && fi.Size() > 0 {
+		fresh = false
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("open store index %s: %w", path, err)
+	}
+	if fresh {
+		if err := checkNotLost(dir, "missing or empty"); err != nil {
+			return nil, err
+		}
+	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:        o.LockTimeout,
 		NoFreelistSync: true,
@@ -189,6 +208,12 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		q.Close()
 		return nil, err
 	}
+	// The index exists and holds the logs' records: from now on a missing
+	// index is a lost one.
+	if err := writeStamp(dir); err != nil {
+		q.Close()
+		return nil, err
+	}
 	q.tail = newTailer(q)
 	if err := q.tail.start(); err != nil {
 		q.Close()
@@ -202,6 +227,22 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 func (q *Queue) Dir() string { return q.dir }
 
 func (q *Queue) init() error {
+	// An index without its layout version was created and never written
+	// (or lost its content): like a missing one.
+	var versioned bool
+	if err := q.db.View(func(tx *bolt.Tx) error {
+		if meta := tx.Bucket(bktMeta); meta != nil && meta.Get(keyVersion) != nil {
+			versioned = true
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if !versioned && !q.rebuild {
+		if err := checkNotLost(q.dir, "without its layout"); err != nil {
+			return err
+		}
+	}
 	return q.db.Update(func(tx *bolt.Tx) error {
 		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
