@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
 )
 
 // Faults of the index outside the kill drill (issue K): a lost or emptied
@@ -329,6 +331,143 @@ func TestFault_CompactRacingServe(t *testing.T) {
 	t.Logf("%d rounds: serve ran in %d, was refused while compact held the store in %d", rounds, served, refused)
 }
 
+// A scrambled index.db (pages overwritten with random bytes, the file cut
+// to 1 MiB, 200 flipped bytes): serve, doctor and doctor --rebuild never
+// crash; serve refuses a damaged file naming outbox doctor; doctor
+// --rebuild works on a file that cannot be opened at all; and nothing is
+// delivered afterwards (the rows were sent; rebuilt ones are unresolved).
+func TestFault_ScrambledIndex(t *testing.T) {
+	bin := buildBinary(t)
+	pristine := sentStore(t, 4000)
+	idx := filepath.Join(pristine, "index.db")
+	fi, err := os.Stat(idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() <= 1<<20 {
+		t.Fatalf("setup: index of %d bytes, want more than 1 MiB", fi.Size())
+	}
+	for _, kind := range []string{"pages", "truncated", "flipped"} {
+		t.Run(kind, func(t *testing.T) {
+			data := t.TempDir()
+			copyDir(t, pristine, data)
+			scramble(t, filepath.Join(data, "index.db"), kind)
+
+			d, out, code := tryServe(t, bin, data)
+			noCrash(t, "serve", out)
+			if d != nil {
+				// The damage left what serve reads intact (free pages).
+				if kind == "truncated" {
+					t.Fatal("serve started on an index cut short")
+				}
+				d.stop(t)
+			} else if code != exitFailure || !strings.Contains(out, "outbox doctor") {
+				t.Fatalf("serve on a %s index = %d, want 1 with a message naming outbox doctor:\n%s", kind, code, out)
+			}
+			out, code = outbox(t, bin, "doctor", "--data", data)
+			noCrash(t, "doctor", out)
+			if code != 0 && code != 1 {
+				t.Fatalf("doctor = %d:\n%s", code, out)
+			}
+			out, code = outbox(t, bin, "doctor", "--rebuild", "--data", data)
+			noCrash(t, "doctor --rebuild", out)
+			if code != 0 || !strings.Contains(out, "rebuilt: 4000 envelopes") {
+				t.Fatalf("doctor --rebuild = %d:\n%s", code, out)
+			}
+			if m, _ := filepath.Glob(filepath.Join(data, "index.db.broken-*")); len(m) == 0 {
+				t.Fatal("the damaged index was not kept aside")
+			}
+			d, out, _ = tryServe(t, bin, data)
+			if d == nil {
+				t.Fatalf("serve after the rebuild:\n%s", out)
+			}
+			c := settled(t, bin, data)
+			d.stop(t)
+			if c.Total(envelope.StateUnresolved) != 4000 {
+				t.Fatalf("after the rebuild: %v", c)
+			}
+			if calls, _ := journal(t, data); calls != 0 {
+				t.Fatalf("%d deliveries after the rebuild, want none", calls)
+			}
+		})
+	}
+}
+
+// sentStore builds, in this process, a store of n telegram replies that
+// were all sent.
+func sentStore(t *testing.T, n int) string {
+	t.Helper()
+	data := t.TempDir()
+	q := openDirect(t, data)
+	ctx := context.Background()
+	for i := 0; i < n; i += 500 {
+		var envs []*envelope.Envelope
+		for j := i; j < min(i+500, n); j++ {
+			e, err := envelope.Parse(replyJSON(fmt.Sprintf("s%05d", j), "u"+strconv.Itoa(j%50)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			envs = append(envs, e)
+		}
+		if _, err := q.Enqueue(ctx, envs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		ls, err := q.Claim(ctx, queue.ClaimRequest{Owner: "setup", Lease: time.Minute, Limit: 500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ls) == 0 {
+			break
+		}
+		for _, l := range ls {
+			if err := q.Commit(ctx, l, queue.Outcome{State: envelope.StateSent, Receipt: "m"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// scramble damages an index file the way the issue's operator did.
+func scramble(t *testing.T, path, kind string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := uint64(len(kind))
+	next := func() uint64 { // xorshift: the same damage every run
+		seed ^= seed << 13
+		seed ^= seed >> 7
+		seed ^= seed << 17
+		return seed
+	}
+	const ps = 4096
+	switch kind {
+	case "pages":
+		for i := 0; i < 8; i++ {
+			p := 2 + int(next()%uint64(len(b)/ps-2))
+			for j := p * ps; j < (p+1)*ps; j++ {
+				b[j] = byte(next())
+			}
+		}
+	case "truncated":
+		b = b[:1<<20]
+	case "flipped":
+		for i := 0; i < 200; i++ {
+			b[next()%uint64(len(b))] ^= 0xff
+		}
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func copyDir(t *testing.T, from, to string) {
 	t.Helper()
 	err := filepath.Walk(from, func(p string, fi os.FileInfo, err error) error {
@@ -352,4 +491,13 @@ func copyDir(t *testing.T, from, to string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+func openDirect(t *testing.T, data string) *filestore.Queue {
+	t.Helper()
+	q, err := filestore.Open(data, &filestore.Options{NoSync: true, DisableWatcher: true, RescanInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
 }

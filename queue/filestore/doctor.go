@@ -32,13 +32,14 @@ type Report struct {
 func (r *Report) OK() bool { return len(r.Problems) == 0 }
 
 // Check verifies that the index and the logs of the store in dir agree:
-// bbolt's own consistency check, every log offset within its file, every
-// envelope's record readable at its place and naming the same id, every
-// row present in exactly the indexes its state implies. It takes the data
-// directory's lock shared and opens the index read-only; it fails with
-// ErrStoreBusy (a *StoreInUseError) while another process has the store
-// open. A missing index is an error; an empty or damaged one is reported
-// as a problem starting with "index".
+// the file's structure (as Open checks it), bbolt's own consistency check,
+// every log offset within its file, every envelope's record readable at
+// its place and naming the same id, every row present in exactly the
+// indexes its state implies. It takes the data directory's lock shared and
+// opens the index read-only; it fails with ErrStoreBusy (a
+// *StoreInUseError) while another process has the store open. A missing
+// index is an error; an empty or damaged one is reported as a problem
+// starting with "index".
 func Check(dir string) (*Report, error) {
 	path := filepath.Join(dir, IndexFile)
 	fi, err := os.Stat(path)
@@ -52,6 +53,9 @@ func Check(dir string) (*Report, error) {
 	defer lk.release()
 	if fi.Size() == 0 {
 		return &Report{Problems: []string{"index is empty (0 bytes)"}}, nil
+	}
+	if err := verifyIndexFile(path); err != nil {
+		return &Report{Problems: []string{"index cannot be opened: " + err.Error()}}, nil
 	}
 	db, err := openReadOnly(path)
 	if err != nil {
@@ -401,7 +405,10 @@ func Compact(ctx context.Context, dir string, opts *Options) (pruned int, before
 // compactLocked compacts the index of dir, whose lock the caller holds.
 func compactLocked(dir string) (before, after int64, err error) {
 	path := filepath.Join(dir, IndexFile)
-	src, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	if err := verifyIndexFile(path); err != nil {
+		return 0, 0, err
+	}
+	src, err := openBolt(path, &bolt.Options{Timeout: 100 * time.Millisecond, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
 			return 0, 0, &StoreInUseError{Path: dir, PID: readPID(dir)}

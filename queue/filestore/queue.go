@@ -117,11 +117,13 @@ func (e *StoreInUseError) Error() string {
 func (e *StoreInUseError) Is(target error) bool { return target == ErrStoreBusy }
 
 // Open opens (creating) the store in dir. It takes the data directory's
-// lock (LockFile), waiting at most Options.LockTimeout for it, repairs the
-// index from the logs (records appended after the last indexed offset,
-// including by other processes while it was closed) and starts the
-// tailer. Rows that a previous process was sending keep their lease: once
-// it expires, a worker's Recover hands them to reconciliation.
+// lock (LockFile), waiting at most Options.LockTimeout for it, checks the
+// index file's structure before bbolt reads it (a damaged file fails with
+// *CorruptIndexError, never a crash), repairs the index from the logs
+// (records appended after the last indexed offset, including by other
+// processes while it was closed) and starts the tailer. Rows that a
+// previous process was sending keep their lease: once it expires, a
+// worker's Recover hands them to reconciliation.
 //
 // A data directory whose index was lost (index.db missing, empty, or
 // without its layout) while its logs hold records fails with
@@ -155,6 +157,9 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	fresh := true
 	if fi, err := os.Stat(path); err == nil && fi.Size() > 0 {
 		fresh = false
+		if err := verifyIndexFile(path); err != nil {
+			return nil, err
+		}
 	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("open store index %s: %w", path, err)
 	}
@@ -163,7 +168,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 			return nil, err
 		}
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
+	db, err := openBolt(path, &bolt.Options{
 		Timeout:        o.LockTimeout,
 		NoFreelistSync: true,
 		FreelistType:   bolt.FreelistMapType,
@@ -174,7 +179,11 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 			// An older build, which does not take the directory's lock.
 			return nil, &StoreInUseError{Path: dir, PID: readPID(dir)}
 		}
-		return nil, fmt.Errorf("open store index %s: %w (run \"outbox doctor\" to check or rebuild it)", path, err)
+		var ce *CorruptIndexError
+		if errors.As(err, &ce) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("open store index %s: %w (run \"outbox doctor\" to check it, \"outbox doctor --rebuild\" to rebuild it from the logs)", path, err)
 	}
 	q := &Queue{
 		dir:      dir,
@@ -223,10 +232,26 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	return q, nil
 }
 
+// openBolt opens a bbolt file, turning a panic on a damaged file into a
+// *CorruptIndexError.
+func openBolt(path string, bo *bolt.Options) (db *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			db, err = nil, &CorruptIndexError{Path: path, Reason: fmt.Sprint(r)}
+		}
+	}()
+	return bolt.Open(path, 0o600, bo)
+}
+
 // Dir returns the store's data directory.
 func (q *Queue) Dir() string { return q.dir }
 
-func (q *Queue) init() error {
+func (q *Queue) init() (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &CorruptIndexError{Path: q.db.Path(), Reason: fmt.Sprint(r)}
+		}
+	}()
 	// An index without its layout version was created and never written
 	// (or lost its content): like a missing one.
 	var versioned bool
@@ -344,7 +369,14 @@ func (q *Queue) writeLoop() {
 		}
 		q.db.NoSync = q.opts.NoSync || skipSync
 		q.txDelta = map[countKey]int{}
-		err := q.db.Update(func(tx *bolt.Tx) error {
+		err := q.db.Update(func(tx *bolt.Tx) (err error) {
+			// A damaged index that the check at Open let through fails
+			// the transaction (rolled back), not the process.
+			defer func() {
+				if r := recover(); r != nil {
+					err = &CorruptIndexError{Path: q.db.Path(), Reason: fmt.Sprint(r)}
+				}
+			}()
 			for _, o := range batch {
 				o.err = o.fn(tx)
 			}
