@@ -216,10 +216,10 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 //
 // It is atomic and crash-safe: it takes the data directory's lock, writes
 // StampFile (so that an index missing after a crash is a lost one, never
-// a new one), builds the new index in index.db.rebuild beside the old one
-// with every row created unresolved or expired in the transaction that
-// creates it, fsyncs it, keeps the old file as index.db.broken-<time> (a
-// hard link) and renames the new one over index.db, then fsyncs the
+// a new one), builds the new index in index.db.rebuild beside the old
+// one, with every row created unresolved or expired in the transaction
+// that creates it, fsyncs it, keeps the old file as index.db.broken-<time>
+// (a hard link) and renames the new one over index.db, then fsyncs the
 // directory. Killed at any instant, it leaves index.db as it was or the
 // complete new index.
 func Rebuild(dir string, opts *Options) (int, error) {
