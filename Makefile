@@ -71,8 +71,8 @@ drill: ## the long kill drill: SIGKILL outbox serve 50 times under load, then ch
 	OUTBOX_DRILL_KILLS=$${KILLS:-50} $(GO) test -count=1 -timeout 30m -run 'TestDrill_Kill$$' -v ./cmd/outbox/
 
 .PHONY: index-faults
-index-faults: ## the index fault tests with more rounds (ROUNDS=30): killed rebuilds, compact racing serve
-	OUTBOX_INDEX_FAULT_ROUNDS=$${ROUNDS:-30} $(GO) test -count=1 -timeout 30m -run '^TestFault_' -v ./cmd/outbox/
+index-faults: ## the index fault tests with more rounds (ROUNDS=30): killed rebuilds, compact racing serve, corruptions
+	OUTBOX_INDEX_FAULT_ROUNDS=$${ROUNDS:-30} $(GO) test -count=1 -timeout 30m -run '^TestFault_|^TestOpen_CorruptIndexNeverCrashes$$' -v ./cmd/outbox/ ./queue/filestore/
 
 .PHONY: diff
 diff: ## long differential run: every store against the reference model (SEEDS=2000, STEPS=120)

@@ -289,7 +289,7 @@ func TestFault_CompactRacingServe(t *testing.T) {
 	bin := buildBinary(t)
 	const n = 300
 	data := delivered(t, bin, n)
-	rounds := faultRounds(4)
+	rounds := faultRounds(3)
 	served, refused := 0, 0
 	for r := 0; r < rounds; r++ {
 		compact := exec.Command(bin, "compact", "--data", data)
