@@ -70,6 +70,10 @@ e2e: ## opt-in tests against the real services (OUTBOX_E2E_* variables; skipped 
 drill: ## the long kill drill: SIGKILL outbox serve 50 times under load, then check nothing was lost or sent twice
 	OUTBOX_DRILL_KILLS=$${KILLS:-50} $(GO) test -count=1 -timeout 30m -run 'TestDrill_Kill$$' -v ./cmd/outbox/
 
+.PHONY: index-faults
+index-faults: ## the index fault tests with more rounds (ROUNDS=30): killed rebuilds, compact racing serve, corruptions
+	OUTBOX_INDEX_FAULT_ROUNDS=$${ROUNDS:-30} $(GO) test -count=1 -timeout 30m -run '^TestFault_|^TestOpen_CorruptIndexNeverCrashes$$' -v ./cmd/outbox/ ./queue/filestore/
+
 .PHONY: diff
 diff: ## long differential run: every store against the reference model (SEEDS=2000, STEPS=120)
 	OUTBOX_DIFF_SEEDS=$${SEEDS:-2000} OUTBOX_DIFF_STEPS=$${STEPS:-120} OUTBOX_DIFF_REPORTS=$${REPORTS:-20} $(GO) test -count=1 -timeout 60m -run '^TestDifferential$$' -v ./queue/queuetest/

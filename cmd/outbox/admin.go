@@ -133,16 +133,10 @@ func runCompact(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.Stdout, "pruned %d envelopes (outbox serve is running: stop it to compact the index file)\n", n)
 		return exitOK
 	}
-	q, err := filestore.Open(*data, &filestore.Options{Options: queue.Options{Retention: *retention}, DisableWatcher: true, RescanInterval: -1})
-	if err != nil {
-		return fail(e, "%v", err)
-	}
-	n, err := q.Prune(ctx)
-	q.Close()
-	if err != nil {
-		return fail(e, "%v", err)
-	}
-	before, after, err := filestore.CompactFile(*data)
+	// One lock from the prune to the swap of the compacted file: a serve
+	// starting meanwhile fails with "in use" instead of opening the old
+	// file.
+	n, before, after, err := filestore.Compact(ctx, *data, &filestore.Options{Options: queue.Options{Retention: *retention}})
 	if err != nil {
 		return fail(e, "%v", err)
 	}

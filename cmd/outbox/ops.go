@@ -220,6 +220,9 @@ func openBackend(dir string) (backend, func(), error) {
 		return &socketBackend{c: c}, func() {}, nil
 	}
 	if _, err := os.Stat(filepath.Join(dir, filestore.IndexFile)); err != nil {
+		if _, err := os.Stat(filepath.Join(dir, filestore.StampFile)); err == nil {
+			return nil, nil, fmt.Errorf("the index %s is missing (the store had one): run \"outbox doctor --rebuild --data %s\" to rebuild it from the logs", filepath.Join(dir, filestore.IndexFile), dir)
+		}
 		return nil, nil, fmt.Errorf("no store in %s (run outbox serve or outbox demo first, or pass --data)", dir)
 	}
 	q, err := filestore.Open(dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1})

@@ -3,7 +3,9 @@ package filestore
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
@@ -54,16 +56,37 @@ func Append(dir string, envs ...*envelope.Envelope) error {
 	return nil
 }
 
-// ErrStoreBusy is returned by Known when a running process holds the store.
+// ErrStoreBusy is returned by Known when a running process holds the store
+// (and matched by every *StoreInUseError).
 var ErrStoreBusy = errors.New("queue: store is open in another process")
 
 // Known reports which (tenant, id) pairs the store in dir has indexed,
 // reading the index without a daemon. It returns ErrStoreBusy when another
-// process (outbox serve) has the store open, and an empty result when the
-// store does not exist yet.
-func Known(dir string, keys []envelope.Key) (map[envelope.Key]bool, error) {
-	out := map[envelope.Key]bool{}
+// process (outbox serve) has the store open, an empty result when the
+// store does not exist yet, and a *CorruptIndexError (never a crash) when
+// the index file is damaged.
+func Known(dir string, keys []envelope.Key) (out map[envelope.Key]bool, err error) {
+	out = map[envelope.Key]bool{}
 	path := filepath.Join(dir, IndexFile)
+	if fi, err := os.Stat(path); isNotExist(err) || (err == nil && fi.Size() == 0) {
+		return out, nil
+	}
+	lk, err := lockDir(dir, false, 50*time.Millisecond)
+	if err != nil {
+		if errors.Is(err, ErrStoreBusy) {
+			return nil, ErrStoreBusy
+		}
+		return nil, err
+	}
+	defer lk.release()
+	// A few lookups in a read-only file: a damaged page fails them (a
+	// panic, or a fault on a wild page id) without a walk of the file.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = nil, &CorruptIndexError{Path: path, Reason: fmt.Sprint(r)}
+		}
+	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 50 * time.Millisecond})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {

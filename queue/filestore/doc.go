@@ -10,7 +10,11 @@
 // of package queue and written in the writer goroutine's batched bbolt
 // transactions.
 //
-// Only one process opens a data directory at a time (Open takes bbolt's
-// file lock). Options embeds queue.Options and adds the file store's own
-// settings.
+// Only one process opens a data directory at a time: Open, Rebuild,
+// Compact and CompactFile hold its lock (LockFile) until they are done, so
+// no opener can hold an index that another is replacing. Open refuses a
+// lost index (IndexLostError) and a damaged one (CorruptIndexError)
+// instead of delivering the logs' records again or crashing; Rebuild
+// replaces either atomically. Options embeds queue.Options and adds the
+// file store's own settings.
 package filestore

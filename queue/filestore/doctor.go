@@ -14,6 +14,7 @@ import (
 	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"golang.org/x/sys/unix"
 )
 
 // Report is the result of Check.
@@ -30,16 +31,32 @@ type Report struct {
 func (r *Report) OK() bool { return len(r.Problems) == 0 }
 
 // Check verifies that the index and the logs of the store in dir agree:
-// bbolt's own consistency check, every log still the file that was indexed
-// (the same inode, not shorter than its indexed offset, a line ending
-// there; otherwise a problem with a hint), every
-// envelope's record readable at its place and naming the same id, every row
-// present in exactly the indexes its state implies. It opens the store
-// read-only and fails with ErrStoreBusy while another process has it open.
+// the file's structure (as Open checks it), bbolt's own consistency check,
+// every log still the file that was indexed (the same inode, not shorter
+// than its indexed offset, a line ending there; otherwise a problem with a
+// hint), every envelope's record readable at
+// its place and naming the same id, every row present in exactly the
+// indexes its state implies. It takes the data directory's lock shared and
+// opens the index read-only; it fails with ErrStoreBusy (a
+// *StoreInUseError) while another process has the store open. A missing
+// index is an error; an empty or damaged one is reported as a problem
+// starting with "index".
 func Check(dir string) (*Report, error) {
 	path := filepath.Join(dir, IndexFile)
-	if _, err := os.Stat(path); err != nil {
+	fi, err := os.Stat(path)
+	if err != nil {
 		return nil, fmt.Errorf("check: %w", err)
+	}
+	lk, err := lockDir(dir, false, 100*time.Millisecond)
+	if err != nil {
+		return nil, err
+	}
+	defer lk.release()
+	if fi.Size() == 0 {
+		return &Report{Problems: []string{"index is empty (0 bytes)"}}, nil
+	}
+	if err := verifyIndexFile(path); err != nil {
+		return &Report{Problems: []string{"index cannot be opened: " + err.Error()}}, nil
 	}
 	db, err := openReadOnly(path)
 	if err != nil {
@@ -224,84 +241,218 @@ func checkLog(dir, rel string, v []byte, unindexed *int64) string {
 }
 
 // Rebuild rebuilds the index of the store in dir from its logs, after the
-// bbolt file was lost or corrupted. The old file, if any, is kept beside it
-// as index.db.broken-<time>. Consent records and delivery states cannot be
-// recovered from the logs: every rebuilt row whose envelope has not expired
-// becomes unresolved (class index_rebuilt), never redelivered automatically;
-// an operator requeues or resolves them. It returns the number of envelopes
-// indexed.
+// bbolt file was lost or damaged (or on request: outbox doctor --rebuild).
+// It never opens the old file, so it works on one that cannot be opened at
+// all. Consent records and delivery states cannot be recovered from the
+// logs: every rebuilt row whose envelope has not expired is unresolved
+// (class index_rebuilt), never redelivered automatically; an operator
+// requeues or resolves it. It returns the number of envelopes indexed.
+//
+// It is atomic and crash-safe: it takes the data directory's lock, writes
+// StampFile (so that an index missing after a crash is a lost one, never
+// a new one), builds the new index in index.db.rebuild beside the old
+// one, with every row created unresolved or expired in the transaction
+// that creates it, fsyncs it, keeps the old file as index.db.broken-<time>
+// (a hard link) and renames the new one over index.db, then fsyncs the
+// directory. Killed at any instant, it leaves index.db as it was or the
+// complete new index.
 func Rebuild(dir string, opts *Options) (int, error) {
 	o := opts.withDefaults()
-	path := filepath.Join(dir, IndexFile)
-	if _, err := os.Stat(path); err == nil {
-		// Refuse while a process holds the store.
-		db, err := openReadOnly(path)
-		if errors.Is(err, ErrStoreBusy) {
-			return 0, err
-		}
-		if db != nil {
-			db.Close()
-		}
-		aside := path + ".broken-" + o.Now().UTC().Format("20060102T150405")
-		if err := os.Rename(path, aside); err != nil {
-			return 0, fmt.Errorf("rebuild: move the old index aside: %w", err)
-		}
-	}
-	oo := o
-	oo.DisableWatcher = true
-	oo.RescanInterval = -1
-	q, err := Open(dir, &oo)
-	if err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, applog.Dir), 0o700); err != nil {
 		return 0, fmt.Errorf("rebuild: %w", err)
 	}
-	defer q.Close()
-	n := 0
-	now := o.Now()
-	err = q.write(context.Background(), false, func(tx *bolt.Tx) error {
-		var keys [][]byte
-		_ = tx.Bucket(bktEnv).ForEach(func(k, _ []byte) error {
-			keys = append(keys, append([]byte(nil), k...))
-			return nil
-		})
-		for _, ek := range keys {
-			e, err := getEnv(tx, ek)
-			if err != nil || e == nil {
-				return err
-			}
-			n++
-			recs, _, err := loadRows(tx, ek, e)
-			if err != nil {
-				return err
-			}
-			st, err := queue.Rebuilt(e.Segs, fromNano(e.Exp), now)
-			if err != nil {
-				return err
-			}
-			if err := q.apply(tx, ek, e, recs, st, now); err != nil {
-				return err
-			}
+	lk, err := lockDir(dir, true, o.LockTimeout)
+	if err != nil {
+		return 0, err
+	}
+	defer lk.release()
+	path := filepath.Join(dir, IndexFile)
+	if indexFileBusy(path) {
+		return 0, &StoreInUseError{Path: dir, PID: readPID(dir)}
+	}
+	if err := writeStamp(dir); err != nil {
+		return 0, fmt.Errorf("rebuild: %w", err)
+	}
+	tmp := path + ".rebuild"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("rebuild: remove an unfinished rebuild: %w", err)
+	}
+	n, err := buildIndex(dir, tmp, o)
+	if err != nil {
+		_ = os.Remove(tmp)
+		return 0, fmt.Errorf("rebuild: %w", err)
+	}
+	if _, err := os.Lstat(path); err == nil {
+		if err := keepAside(path, o.Now()); err != nil {
+			_ = os.Remove(tmp)
+			return 0, fmt.Errorf("rebuild: keep the old index: %w", err)
 		}
-		return nil
-	})
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return 0, fmt.Errorf("rebuild: swap in the new index: %w", err)
+	}
+	if err := syncDir(dir); err != nil {
+		return 0, fmt.Errorf("rebuild: %w", err)
+	}
+	return n, nil
+}
+
+// buildIndex indexes every log of dir into a new bbolt file at path, with
+// every row unresolved or expired, and fsyncs it.
+func buildIndex(dir, path string, o Options) (int, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	if err != nil {
+		return 0, err
+	}
+	n, err := fillIndex(dir, db, o)
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
 	return n, err
 }
 
+func fillIndex(dir string, db *bolt.DB, o Options) (int, error) {
+	o.Registerer = nil // the metrics of a store that never opens
+	q := &Queue{
+		dir:      dir,
+		opts:     o,
+		log:      o.Logger,
+		db:       db,
+		rebuild:  true,
+		inflight: map[string]struct{}{},
+		known:    map[string]*prepared{},
+		cache:    newEnvCache(1),
+		app:      applog.NewAppender(dir, nil),
+		m:        newStoreMetrics(nil),
+	}
+	defer q.app.Close()
+	if err := q.init(); err != nil {
+		return 0, err
+	}
+	rels, err := q.listLogs()
+	if err != nil {
+		return 0, err
+	}
+	// Several transactions, a batch of logs each: the file is not the
+	// index until it is renamed over index.db.
+	const perTx = 256
+	for i := 0; i < len(rels); i += perTx {
+		err := db.Update(func(tx *bolt.Tx) error {
+			for _, rel := range rels[i:min(i+perTx, len(rels))] {
+				if err := q.catchUp(tx, rel, nil, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	n := 0
+	if err := db.View(func(tx *bolt.Tx) error {
+		n = tx.Bucket(bktEnv).Stats().KeyN
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	return n, db.Sync()
+}
+
+// keepAside hard-links the index at path to path.broken-<time> (a new
+// name), so that renaming the new index over path replaces it atomically;
+// where hard links are refused it renames it instead (a crash before the
+// new one is in place then leaves no index.db, which Open refuses as
+// lost).
+func keepAside(path string, now time.Time) error {
+	base := path + ".broken-" + now.UTC().Format("20060102T150405")
+	aside := base
+	for i := 2; ; i++ {
+		if _, err := os.Lstat(aside); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		aside = fmt.Sprintf("%s-%d", base, i)
+	}
+	if err := os.Link(path, aside); err == nil {
+		return nil
+	}
+	return os.Rename(path, aside)
+}
+
+// indexFileBusy reports whether a process holds bbolt's own lock on the
+// index file: an older build, which does not take the directory's lock.
+func indexFileBusy(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return true
+	}
+	_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false
+}
+
 // CompactFile rewrites the index of the (closed) store in dir into a new,
-// compact bbolt file and swaps it in atomically. It returns the sizes before
-// and after.
+// compact bbolt file and swaps it in atomically, holding the data
+// directory's lock throughout. It returns the sizes before and after.
 func CompactFile(dir string) (before, after int64, err error) {
+	lk, err := lockDir(dir, true, 100*time.Millisecond)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer lk.release()
+	return compactLocked(dir)
+}
+
+// Compact prunes the terminal rows of the store in dir past
+// Options.Retention (Prune, removing logs left empty) and compacts its
+// index file (CompactFile), holding the data directory's lock from the
+// first step to the last: no other process can open the store in between,
+// nor hold the old file while the new one is renamed over it. It returns
+// the envelopes pruned and the file sizes before and after.
+func Compact(ctx context.Context, dir string, opts *Options) (pruned int, before, after int64, err error) {
+	o := opts.withDefaults()
+	o.DisableWatcher = true
+	o.RescanInterval = -1
+	lk, err := lockDir(dir, true, o.LockTimeout)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer lk.release()
+	q, err := openLocked(dir, o, lk)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	pruned, err = q.Prune(ctx)
+	if cerr := q.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return pruned, 0, 0, err
+	}
+	before, after, err = compactLocked(dir)
+	return pruned, before, after, err
+}
+
+// compactLocked compacts the index of dir, whose lock the caller holds.
+func compactLocked(dir string) (before, after int64, err error) {
 	path := filepath.Join(dir, IndexFile)
-	src, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond})
+	if err := verifyIndexFile(path); err != nil {
+		return 0, 0, err
+	}
+	src, err := openBolt(path, &bolt.Options{Timeout: 100 * time.Millisecond, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
-			return 0, 0, ErrStoreBusy
+			return 0, 0, &StoreInUseError{Path: dir, PID: readPID(dir)}
 		}
 		return 0, 0, err
 	}
 	defer src.Close()
 	tmp := path + ".compact.tmp"
 	_ = os.Remove(tmp)
-	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: time.Second})
+	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		return 0, 0, err
 	}
@@ -315,19 +466,31 @@ func CompactFile(dir string) (before, after int64, err error) {
 		os.Remove(tmp)
 		return 0, 0, err
 	}
-	dst.Close()
+	if err := dst.Close(); err != nil {
+		os.Remove(tmp)
+		return 0, 0, err
+	}
 	if fi, err := os.Stat(path); err == nil {
 		before = fi.Size()
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return 0, 0, err
 	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
+	if err := syncDir(dir); err != nil {
+		return 0, 0, err
 	}
 	if fi, err := os.Stat(path); err == nil {
 		after = fi.Size()
 	}
 	return before, after, nil
+}
+
+// syncDir fsyncs a directory (its entries).
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }

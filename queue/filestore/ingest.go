@@ -683,7 +683,16 @@ func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *enve
 		Seq: seq,
 	}
 	rows := queue.NewRows(env, segs, now)
-	if !checked {
+	if q.rebuild {
+		// A rebuilt index cannot know what became of the record: its rows
+		// are created unresolved (or expired), in this transaction, and
+		// never exist as pending.
+		st, err := queue.Rebuilt(segs, env.ExpiresAt, now)
+		if err != nil {
+			return false, err
+		}
+		rows = st.Rows
+	} else if !checked {
 		c, found, err := q.consentFor(context.Background(), tx, env.TenantID, env.UserID)
 		if err != nil {
 			return false, err

@@ -37,6 +37,12 @@ type Queue struct {
 	app  *applog.Appender
 	m    *storeMetrics
 
+	lock    *dirLock // the data directory's lock
+	ownLock bool     // Close releases lock (Open); else the caller does
+	// rebuild: records are indexed with their rows already unresolved (or
+	// expired), never pending (Rebuild's index under construction).
+	rebuild bool
+
 	ops    chan *op
 	notify chan struct{}
 
@@ -91,7 +97,9 @@ func (o *op) finish(err error) {
 	}
 }
 
-// StoreInUseError is returned by Open when another process holds the store.
+// StoreInUseError is returned by Open (and Rebuild, CompactFile, Compact,
+// Check) when another process, or another Open in this process, holds the
+// data directory's lock. It matches ErrStoreBusy with errors.Is.
 type StoreInUseError struct {
 	Path string
 	PID  int // the holder's pid when known (0 otherwise)
@@ -102,22 +110,65 @@ func (e *StoreInUseError) Error() string {
 	if e.PID > 0 {
 		s += " by pid " + strconv.Itoa(e.PID)
 	}
-	return s + " (another outbox serve, or a program embedding the queue, has it open)"
+	return s + " (another outbox serve, an outbox command such as compact or doctor --rebuild, or a program embedding the queue, has it open)"
 }
 
-// Open opens (creating) the store in dir. It takes the store's lock, waits
-// at most Options.LockTimeout for it, repairs the index from the logs
+// Is makes a *StoreInUseError match ErrStoreBusy.
+func (e *StoreInUseError) Is(target error) bool { return target == ErrStoreBusy }
+
+// Open opens (creating) the store in dir. It takes the data directory's
+// lock (LockFile), waiting at most Options.LockTimeout for it, checks the
+// index file's structure before bbolt reads it (a damaged file fails with
+// *CorruptIndexError, never a crash), repairs the index from the logs
 // (records appended after the last indexed offset, including by other
 // processes while it was closed) and starts the tailer. Rows that a
 // previous process was sending keep their lease: once it expires, a
 // worker's Recover hands them to reconciliation.
+//
+// A data directory whose index was lost (index.db missing, empty, or
+// without its layout) while its logs hold records fails with
+// *IndexLostError: indexing those records again would deliver every one
+// of them a second time. Rebuild (outbox doctor --rebuild) indexes them
+// with every row unresolved instead. A new data directory (no StampFile)
+// opens normally, and records appended to its logs before the first Open
+// are new work.
 func Open(dir string, opts *Options) (*Queue, error) {
 	o := opts.withDefaults()
 	if err := os.MkdirAll(filepath.Join(dir, applog.Dir), 0o700); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
+	lk, err := lockDir(dir, true, o.LockTimeout)
+	if err != nil {
+		return nil, err
+	}
+	q, err := openLocked(dir, o, lk)
+	if err != nil {
+		lk.release()
+		return nil, err
+	}
+	q.ownLock = true
+	return q, nil
+}
+
+// openLocked opens the store in dir, whose lock lk the caller holds; the
+// caller releases it (Close does when ownLock is set).
+func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	path := filepath.Join(dir, IndexFile)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
+	fresh := true
+	if fi, err := os.Stat(path); err == nil && fi.Size() > 0 {
+		fresh = false
+		if err := verifyIndexFile(path); err != nil {
+			return nil, err
+		}
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("open store index %s: %w", path, err)
+	}
+	if fresh {
+		if err := checkNotLost(dir, "missing or empty"); err != nil {
+			return nil, err
+		}
+	}
+	db, err := openBolt(path, &bolt.Options{
 		Timeout:        o.LockTimeout,
 		NoFreelistSync: true,
 		FreelistType:   bolt.FreelistMapType,
@@ -125,15 +176,21 @@ func Open(dir string, opts *Options) (*Queue, error) {
 	})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
+			// An older build, which does not take the directory's lock.
 			return nil, &StoreInUseError{Path: dir, PID: readPID(dir)}
 		}
-		return nil, fmt.Errorf("open store index %s: %w (run \"outbox doctor\" to check or rebuild it)", path, err)
+		var ce *CorruptIndexError
+		if errors.As(err, &ce) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("open store index %s: %w (run \"outbox doctor\" to check it, \"outbox doctor --rebuild\" to rebuild it from the logs)", path, err)
 	}
 	q := &Queue{
 		dir:      dir,
 		opts:     o,
 		log:      o.Logger,
 		db:       db,
+		lock:     lk,
 		ops:      make(chan *op, 1024),
 		notify:   make(chan struct{}, 1),
 		inflight: map[string]struct{}{},
@@ -160,6 +217,12 @@ func Open(dir string, opts *Options) (*Queue, error) {
 		q.Close()
 		return nil, err
 	}
+	// The index exists and holds the logs' records: from now on a missing
+	// index is a lost one.
+	if err := writeStamp(dir); err != nil {
+		q.Close()
+		return nil, err
+	}
 	q.tail = newTailer(q)
 	if err := q.tail.start(); err != nil {
 		q.Close()
@@ -169,10 +232,42 @@ func Open(dir string, opts *Options) (*Queue, error) {
 	return q, nil
 }
 
+// openBolt opens a bbolt file, turning a panic on a damaged file into a
+// *CorruptIndexError.
+func openBolt(path string, bo *bolt.Options) (db *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			db, err = nil, &CorruptIndexError{Path: path, Reason: fmt.Sprint(r)}
+		}
+	}()
+	return bolt.Open(path, 0o600, bo)
+}
+
 // Dir returns the store's data directory.
 func (q *Queue) Dir() string { return q.dir }
 
-func (q *Queue) init() error {
+func (q *Queue) init() (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &CorruptIndexError{Path: q.db.Path(), Reason: fmt.Sprint(r)}
+		}
+	}()
+	// An index without its layout version was created and never written
+	// (or lost its content): like a missing one.
+	var versioned bool
+	if err := q.db.View(func(tx *bolt.Tx) error {
+		if meta := tx.Bucket(bktMeta); meta != nil && meta.Get(keyVersion) != nil {
+			versioned = true
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if !versioned && !q.rebuild {
+		if err := checkNotLost(q.dir, "without its layout"); err != nil {
+			return err
+		}
+	}
 	return q.db.Update(func(tx *bolt.Tx) error {
 		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -208,6 +303,9 @@ func (q *Queue) Close() error {
 		q.app.Close()
 		removePID(q.dir)
 		err = q.db.Close()
+		if q.ownLock {
+			q.lock.release()
+		}
 	})
 	return err
 }
@@ -271,7 +369,14 @@ func (q *Queue) writeLoop() {
 		}
 		q.db.NoSync = q.opts.NoSync || skipSync
 		q.txDelta = map[countKey]int{}
-		err := q.db.Update(func(tx *bolt.Tx) error {
+		err := q.db.Update(func(tx *bolt.Tx) (err error) {
+			// A damaged index that the check at Open let through fails
+			// the transaction (rolled back), not the process.
+			defer func() {
+				if r := recover(); r != nil {
+					err = &CorruptIndexError{Path: q.db.Path(), Reason: fmt.Sprint(r)}
+				}
+			}()
 			for _, o := range batch {
 				o.err = o.fn(tx)
 			}
