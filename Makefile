@@ -84,4 +84,4 @@ soak: ## a steady-rate soak with failing and hanging providers (SOAK=3m), then c
 
 .PHONY: scale
 scale: ## 1,000,000 pending rows over 1,000 users: Open time, Go heap, idle CPU (ROWS=…, USERS=…)
-	OUTBOX_SCALE_ROWS=$${ROWS:-1000000} OUTBOX_SCALE_USERS=$${USERS:-1000} $(GO) test -count=1 -timeout 60m -run '^TestScale$$' -v ./queue/
+	OUTBOX_SCALE_ROWS=$${ROWS:-1000000} OUTBOX_SCALE_USERS=$${USERS:-1000} $(GO) test -count=1 -timeout 60m -run '^TestScale$$' -v ./queue/filestore/
