@@ -207,7 +207,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	q.m = newStoreMetrics(o.Registerer)
 	if err := q.init(); err != nil {
 		db.Close()
-		return nil, err
+		return nil, pointAtDoctor(dir, err)
 	}
 	writePID(dir)
 	q.wg.Add(1)
@@ -215,7 +215,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	// Catch up on every log before reporting ready.
 	if err := q.catchUpAll(); err != nil {
 		q.Close()
-		return nil, err
+		return nil, pointAtDoctor(dir, err)
 	}
 	// The index exists and holds the logs' records: from now on a missing
 	// index is a lost one.
@@ -230,6 +230,17 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	}
 	close(q.ready)
 	return q, nil
+}
+
+// pointAtDoctor makes an error of reading the index while opening (a
+// record bbolt hands back that does not decode, an I/O error) name what to
+// run, unless it already does.
+func pointAtDoctor(dir string, err error) error {
+	var ce *CorruptIndexError
+	if errors.As(err, &ce) || errors.Is(err, queue.ErrClosed) {
+		return err
+	}
+	return fmt.Errorf("open store %s: %w (run \"outbox doctor --data %s\" to check it; \"outbox doctor --rebuild\" rebuilds the index from the logs)", dir, err, dir)
 }
 
 // openBolt opens a bbolt file, turning a panic on a damaged file into a
