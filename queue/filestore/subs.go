@@ -101,6 +101,11 @@ var bktAddrSup = []byte("addrsup")
 
 func init() { allBuckets = append(allBuckets, bktAddrSup) }
 
+// addedLater reports whether bucket b may be missing from a sound index
+// written before it existed (Open creates it; a read-only check must not
+// call such an index damaged).
+func addedLater(b []byte) bool { return bytes.Equal(b, bktAddrSup) }
+
 func addrSupKey(tenant, target string) []byte { return []byte(tenant + "\x00" + target) }
 
 // getAddressSup returns the tenant's suppression of target, or nil.
