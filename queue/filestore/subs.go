@@ -120,7 +120,7 @@ func getAddressSup(tx *bolt.Tx, tenant, target string) (*queue.Suppression, erro
 	}
 	var s queue.Suppression
 	if err := json.Unmarshal(v, &s); err != nil {
-		return nil, fmt.Errorf("queue: an address suppression in the index is damaged: %w", err)
+		return nil, fmt.Errorf("queue: an address suppression in the index is damaged (run \"outbox doctor\"): %w", err)
 	}
 	return &s, nil
 }
@@ -174,7 +174,7 @@ func (q *Queue) AddressSuppressions(ctx context.Context, tenant string) ([]queue
 		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 			var s queue.Suppression
 			if err := json.Unmarshal(v, &s); err != nil {
-				return fmt.Errorf("queue: an address suppression in the index is damaged: %w", err)
+				return fmt.Errorf("queue: an address suppression in the index is damaged (run \"outbox doctor\"): %w", err)
 			}
 			out = append(out, s)
 		}
