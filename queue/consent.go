@@ -129,9 +129,53 @@ func (c *Consent) Resubscribed(endpoint string) bool {
 	return len(c.Suppressions) != n
 }
 
-// EmailSuppression is the suppression of one e-mail address.
+// EmailSuppression is the suppression of one e-mail address (reason ""
+// is ClassBounced).
 func EmailSuppression(address string, reason envelope.ErrorClass, at time.Time) Suppression {
+	if reason == "" {
+		reason = envelope.ClassBounced
+	}
 	return Suppression{Channel: envelope.ChannelEmail, Target: TargetOfValue("email:" + address), Reason: reason, At: at}
+}
+
+// Address suppressions.
+//
+// A bounce or a complaint is a fact about an address, not about one user:
+// the tenant keeps it as an address suppression, keyed by the address's
+// target (TargetOfValue("email:"+address), never the address in clear),
+// and it refuses every envelope of any user of the tenant to that address.
+// Stores keep a tenant's address suppressions beside the consent records
+// and apply them whatever the consent source (an app that keeps consent
+// itself does not hear of bounces); Erase of a user keeps them (they name
+// no user). SuppressEmail writes one; so does a committed bounce or
+// complaint of an e-mail (Step.AddressSuppression).
+
+// AddressTarget returns the target under which the tenant's address
+// suppressions are looked up for e: TargetOf(e) for an e-mail envelope, ""
+// for every other channel (a push subscription or a chat belongs to one
+// user, and its suppression stays in that user's consent).
+func AddressTarget(e *envelope.Envelope) string {
+	if e.Channel != envelope.ChannelEmail {
+		return ""
+	}
+	return TargetOf(e)
+}
+
+// Permits is the consent rule every store applies to an envelope it would
+// store (Enqueue, an ingested append) and to a row it would lease (Claim,
+// through Judge): the tenant's suppression of e's address (addr: the one
+// stored under AddressTarget(e), nil when there is none or e has no
+// address target) refuses first, whatever the user's consent says; then
+// the user's current consent c (found: a record exists) decides (Allows).
+// It returns whether e may go and, if not, the class that says why.
+func Permits(e *envelope.Envelope, c *Consent, found bool, addr *Suppression) (bool, envelope.ErrorClass) {
+	if addr != nil && addr.Target != "" && addr.Channel == e.Channel && addr.Target == AddressTarget(e) {
+		if addr.Reason == "" {
+			return false, envelope.ClassBounced
+		}
+		return false, addr.Reason
+	}
+	return c.Allows(found, e)
 }
 
 // CheckSubscription reports what a push subscription to be saved lacks.

@@ -76,6 +76,21 @@ type Step struct {
 	// writes into the user's consent record in the same transaction:
 	// SuppressionFor(envelope, Suppress, now).
 	Suppress envelope.ErrorClass
+	// Gone reports that the recipient itself is gone (a bounce or a
+	// complaint, not a user's choice): the store also writes the tenant's
+	// address suppression that AddressSuppression returns, if any.
+	Gone bool
+}
+
+// AddressSuppression returns the tenant's address suppression a step asks
+// for beside the user's (Suppress): a bounce or complaint of an e-mail
+// envelope e suppresses its address for every user of the tenant. ok is
+// false for any other step or channel.
+func (s *Step) AddressSuppression(e *envelope.Envelope, now time.Time) (Suppression, bool) {
+	if s.Suppress == "" || !s.Gone || AddressTarget(e) == "" {
+		return Suppression{}, false
+	}
+	return Suppression{Channel: e.Channel, Target: AddressTarget(e), Reason: s.Suppress, At: now}, true
 }
 
 func newStep(rows []Delivery) *Step {
@@ -209,12 +224,13 @@ type Verdict struct {
 }
 
 // Judge decides what a claim at now does with a row of e, given the user's
-// current consent (found: a consent record exists).
-func Judge(e *envelope.Envelope, c Consent, found bool, now time.Time) Verdict {
+// current consent (found: a consent record exists) and the tenant's
+// suppression of e's address (addr, nil when there is none): see Permits.
+func Judge(e *envelope.Envelope, c Consent, found bool, addr *Suppression, now time.Time) Verdict {
 	if Expired(e.ExpiresAt, now) {
 		return Verdict{envelope.StateExpired, envelope.ClassExpired}
 	}
-	if ok, why := c.Allows(found, e); !ok {
+	if ok, why := Permits(e, &c, found, addr); !ok {
 		return Verdict{envelope.StateSuppressed, why}
 	}
 	return Verdict{State: envelope.StateSending}
@@ -337,6 +353,7 @@ func Commit(b Backoff, rows []Delivery, l *Lease, out Outcome, now time.Time) (*
 	default:
 		if Suppressing(to) {
 			s.Suppress = class
+			s.Gone = to == envelope.StateBounced || to == envelope.StateComplaint
 			to = envelope.StateSuppressed
 		}
 		if err := s.settleRest(seg, to, class, now); err != nil {

@@ -113,3 +113,18 @@ func (t *Tenant) Suppress(ctx context.Context, userID string, s Suppression) err
 
 // Erase erases a user of this tenant.
 func (t *Tenant) Erase(ctx context.Context, userID string) error { return t.s.Erase(ctx, t.id, userID) }
+
+// SuppressEmail suppresses an address for this tenant.
+func (t *Tenant) SuppressEmail(ctx context.Context, address string, reason envelope.ErrorClass) error {
+	return t.s.SuppressEmail(ctx, t.id, address, reason)
+}
+
+// AddressSuppressions lists this tenant's address suppressions.
+func (t *Tenant) AddressSuppressions(ctx context.Context) ([]Suppression, error) {
+	return t.s.AddressSuppressions(ctx, t.id)
+}
+
+// LiftAddressSuppression lifts this tenant's suppression of target.
+func (t *Tenant) LiftAddressSuppression(ctx context.Context, target string) error {
+	return t.s.LiftAddressSuppression(ctx, t.id, target)
+}

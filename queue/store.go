@@ -64,8 +64,10 @@ type Store interface {
 	// same state (suppressed for the recipient-gone ones), so that the
 	// envelope is final. bounced, complaint and suppressed write the
 	// matching suppression in the same transaction (push: only that
-	// subscription); without a class they get bounced, complaint and
-	// unsubscribed. The state machine (machine.go) computes all of it.
+	// subscription); bounced and complaint of an e-mail also suppress the
+	// address for the tenant (see SuppressEmail). Without a class they get
+	// bounced, complaint and unsubscribed. The state machine (machine.go)
+	// computes all of it.
 	Commit(ctx context.Context, lease *Lease, out Outcome) error
 
 	// Release gives back a lease whose provider call never started: the row
@@ -123,8 +125,9 @@ type Store interface {
 	Suppress(ctx context.Context, tenant, userID string, s Suppression) error
 
 	// Erase deletes everything stored for a user: log, rows, consent and
-	// suppressions. Leased rows are erased too (their commits then fail
-	// with ErrLeaseLost).
+	// suppressions (the tenant's address suppressions, which name no user,
+	// are kept). Leased rows are erased too (their commits then fail with
+	// ErrLeaseLost).
 	Erase(ctx context.Context, tenant, userID string) error
 	// Prune deletes envelopes whose rows are all terminal and older than
 	// the retention period, and removes logs left empty. It returns the
@@ -141,9 +144,23 @@ type Store interface {
 	DeleteSubscription(ctx context.Context, tenant, user, endpoint string) error
 	// Subscriptions lists a user's push subscriptions.
 	Subscriptions(ctx context.Context, tenant, user string) ([]Subscription, error)
-	// SuppressEmail suppresses an address for every user of the tenant that
-	// has it (a bounce or complaint the e-mail service reported later).
+	// SuppressEmail suppresses the address for the tenant (a bounce or
+	// complaint the e-mail service reported later): it stores the tenant's
+	// address suppression EmailSuppression(address, reason, now), unless
+	// the address is suppressed already (the first one stays), whether or
+	// not any envelope carries the address yet. From then on every e-mail
+	// envelope of any user of the tenant to that address is refused at
+	// enqueue and suppressed at claim (Permits); other tenants are
+	// untouched, and no user's consent record changes. A committed bounce
+	// or complaint of an e-mail writes the same suppression of its address.
 	SuppressEmail(ctx context.Context, tenant, address string, reason envelope.ErrorClass) error
+	// AddressSuppressions lists the tenant's address suppressions, by
+	// target (the address itself is never stored).
+	AddressSuppressions(ctx context.Context, tenant string) ([]Suppression, error)
+	// LiftAddressSuppression removes the tenant's suppression of target
+	// (an operator's decision: the address works again); ErrNotFound when
+	// there is none. Users' own suppressions of the address are kept.
+	LiftAddressSuppression(ctx context.Context, tenant, target string) error
 
 	// Close releases the store. It is idempotent.
 	Close() error

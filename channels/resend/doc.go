@@ -10,7 +10,10 @@
 // rendered envelope.EmailMessage (subject, text, HTML, headers, tags) with
 // POST /emails under the Idempotency-Key key.IdempotencyKey(), and tags the
 // e-mail with "outbox_key" = the first 32 hex digits of key.Hash(), so that
-// the e-mail can be matched with its delivery without revealing any id.
+// the e-mail can be matched with its delivery without revealing any
+// envelope or user id, and with "outbox_tenant" = the tenant id (unpadded
+// base64url, TenantTag), so that a bounce reported later suppresses the
+// address in the tenant that sent it.
 //
 // resend-go turns most API errors into plain strings, so the provider reads
 // the HTTP status and Resend's error name itself, through its own
@@ -57,7 +60,14 @@
 //     its position inside a sweep is kept in a CursorStore (FileCursor keeps
 //     it in a file), so a restart resumes where it stopped;
 //   - a WebhookHandler (NewWebhookHandler) receives Resend's signed webhooks
-//     (email.bounced, email.complained), verified with VerifyWebhook.
+//     (email.bounced, email.complained), verified with VerifyWebhook, and
+//     suppresses in the tenant the event's "outbox_tenant" tag names (the
+//     poller's listing has no tags: it suppresses in its configured
+//     tenant).
+//
+// A suppression is of the address, for the whole tenant (see
+// queue.Store.SuppressEmail): it holds for every user of the tenant, also
+// when no envelope carries the address yet.
 //
 // All API calls of one Provider (send, reconcile, poll) share one rate
 // limiter, since Resend's limit applies per team (DefaultRate).

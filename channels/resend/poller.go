@@ -128,7 +128,11 @@ func (m *memCursor) SaveCursor(_ context.Context, c string) error {
 // PollerOptions configure a Poller. All fields are optional.
 type PollerOptions struct {
 	// Tenant is the tenant suppressions are written for; default
-	// envelope.DefaultTenant. One Resend account (API key) serves one tenant.
+	// envelope.DefaultTenant. Resend's list of e-mails carries no tags, so
+	// the poller cannot tell which tenant sent a bounced e-mail: every
+	// suppression it finds goes to this tenant. Where several tenants send
+	// through one Resend account, use the webhook (WebhookHandler reads the
+	// TagTenant tag), or one account and poller per tenant.
 	Tenant string
 	// Interval is the time between sweeps; default DefaultPollInterval.
 	Interval time.Duration

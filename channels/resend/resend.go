@@ -2,6 +2,7 @@ package resend
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
@@ -39,6 +41,11 @@ const (
 	ReplayMargin = 5 * time.Minute
 	// TagKey is the tag carrying key.Hash()[:32] on every e-mail.
 	TagKey = "outbox_key"
+	// TagTenant is the tag carrying the envelope's tenant on every e-mail
+	// (TenantTag: unpadded base64url, Resend's tag alphabet), so that a
+	// bounce or complaint webhook suppresses the address in the tenant
+	// that sent the e-mail. A tenant id longer than 192 bytes gets none.
+	TagTenant = "outbox_tenant"
 )
 
 // Environment variables read by APIKeyFromEnv.
@@ -418,17 +425,21 @@ func sanitizeTag(s string) string {
 	return string(b)
 }
 
-// tags returns the e-mail's tags: TagKey = key.Hash()[:32], then extra
-// sanitised, sorted by name; a name that collides with TagKey or with an
-// earlier (sorted) name is dropped, as is an empty name.
+// tags returns the e-mail's tags: TagKey = key.Hash()[:32], TagTenant =
+// TenantTag(key.Tenant) (when the tenant fits in a tag), then extra
+// sanitised, sorted by name; a name that collides with TagKey, TagTenant
+// or an earlier (sorted) name is dropped, as is an empty name.
 func tags(key envelope.Key, extra map[string]string) []resendapi.Tag {
 	out := []resendapi.Tag{{Name: TagKey, Value: key.Hash()[:32]}}
+	if v, ok := TenantTag(key.Tenant); ok {
+		out = append(out, resendapi.Tag{Name: TagTenant, Value: v})
+	}
 	names := make([]string, 0, len(extra))
 	for n := range extra {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	seen := map[string]bool{TagKey: true}
+	seen := map[string]bool{TagKey: true, TagTenant: true}
 	for _, n := range names {
 		sn := sanitizeTag(n)
 		if sn == "" || seen[sn] {
@@ -438,6 +449,37 @@ func tags(key envelope.Key, extra map[string]string) []resendapi.Tag {
 		out = append(out, resendapi.Tag{Name: sn, Value: sanitizeTag(extra[n])})
 	}
 	return out
+}
+
+// TenantTag returns the value of the TagTenant tag for tenant ("" is
+// envelope.DefaultTenant): its unpadded base64url encoding, whose alphabet
+// is Resend's tag alphabet. ok is false when it would be longer than a tag
+// may be (a tenant id of more than 192 bytes).
+func TenantTag(tenant string) (string, bool) {
+	if tenant == "" {
+		tenant = envelope.DefaultTenant
+	}
+	v := base64.RawURLEncoding.EncodeToString([]byte(tenant))
+	return v, len(v) <= maxTagLen
+}
+
+// TenantFromTag decodes a TagTenant value. ok is false when v is not the
+// encoding of a valid tenant id (non-empty, at most envelope.MaxIDBytes,
+// UTF-8 without control characters).
+func TenantFromTag(v string) (string, bool) {
+	if v == "" || len(v) > maxTagLen {
+		return "", false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(v)
+	if err != nil || len(b) == 0 || len(b) > envelope.MaxIDBytes || !utf8.Valid(b) {
+		return "", false
+	}
+	for _, r := range string(b) {
+		if r < 0x20 || (r >= 0x7f && r <= 0x9f) {
+			return "", false
+		}
+	}
+	return string(b), true
 }
 
 // noteFirstAttempt remembers the first time key was sent, and prunes

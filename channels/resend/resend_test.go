@@ -167,10 +167,11 @@ func TestProvider_Deliver_RequestShape(t *testing.T) {
 	key := envelope.Key{Tenant: "default", EnvelopeID: "digest/u_42/2026-W10", Segment: 0}
 	msg := emailMessage("reader@example.net", "Your week")
 	msg.Email.Tags = map[string]string{
-		"template":   "your-week-digest.v1",
-		"b@d name":   "ok",
-		"outbox_key": "spoofed",
-		"empty":      "",
+		"template":      "your-week-digest.v1",
+		"b@d name":      "ok",
+		"outbox_key":    "spoofed",
+		"outbox_tenant": "spoofed",
+		"empty":         "",
 	}
 
 	rc, err := p.Deliver(context.Background(), key, msg)
@@ -209,6 +210,7 @@ func TestProvider_Deliver_RequestShape(t *testing.T) {
 	}
 	wantTags := []string{
 		"outbox_key=" + key.Hash()[:32],
+		"outbox_tenant=ZGVmYXVsdA", // base64url("default")
 		"b_d_name=ok",
 		"empty=",
 		"template=your-week-digest_v1",

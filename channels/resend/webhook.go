@@ -129,8 +129,10 @@ func verifyWebhook(key []byte, header http.Header, body []byte, now time.Time) e
 
 // WebhookOptions configure a WebhookHandler. All fields are optional.
 type WebhookOptions struct {
-	// Tenant is the tenant suppressions are written for; default
-	// envelope.DefaultTenant.
+	// Tenant is the tenant suppressions are written for when an event does
+	// not name one in its TagTenant tag (an e-mail sent without it: by an
+	// older outbox, by another sender on the account, or for a tenant id
+	// too long for a tag); default envelope.DefaultTenant.
 	Tenant string
 	// Logger receives operational logs (event types and outcomes only);
 	// default slog.Default().
@@ -152,7 +154,9 @@ type WebhookOptions struct {
 // WebhookHandler is an http.Handler for Resend's signed webhooks. It
 // verifies every request (VerifyWebhook), ignores a svix-id it has already
 // handled, and on email.bounced / email.complained suppresses each address
-// of data.to with reason envelope.ClassBounced / envelope.ClassComplaint.
+// of data.to with reason envelope.ClassBounced / envelope.ClassComplaint,
+// in the tenant that sent the e-mail: the one its TagTenant tag names
+// (data.tags), else WebhookOptions.Tenant.
 // Other events are answered 200 and ignored. A failed suppression answers
 // 500 so that Resend retries. Error answers are JSON
 // {"error":{"code":…,"message":…}} and echo nothing of the request.
@@ -210,8 +214,37 @@ func NewWebhookHandler(secret string, s channels.Suppressor, opts WebhookOptions
 type webhookEvent struct {
 	Type string `json:"type"`
 	Data struct {
-		To json.RawMessage `json:"to"`
+		To   json.RawMessage `json:"to"`
+		Tags json.RawMessage `json:"tags"`
 	} `json:"data"`
+}
+
+// tenant returns the tenant the event's TagTenant tag names. Resend sends
+// data.tags as an object of name → value; a list of {name, value} is
+// accepted too. ok is false when there is no valid such tag.
+func (e *webhookEvent) tenant() (string, bool) {
+	if len(e.Data.Tags) == 0 {
+		return "", false
+	}
+	var v string
+	var obj map[string]json.RawMessage
+	var list []struct {
+		Name  string `json:"name"`
+		Value string `json:"value"`
+	}
+	switch {
+	case json.Unmarshal(e.Data.Tags, &obj) == nil:
+		if raw, ok := obj[TagTenant]; !ok || json.Unmarshal(raw, &v) != nil {
+			return "", false
+		}
+	case json.Unmarshal(e.Data.Tags, &list) == nil:
+		for _, t := range list {
+			if t.Name == TagTenant {
+				v = t.Value
+			}
+		}
+	}
+	return TenantFromTag(v)
 }
 
 // recipients returns data.to, which Resend sends as an array (a single
@@ -278,6 +311,10 @@ func (h *WebhookHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ignored"})
 		return
 	}
+	tenant, tagged := ev.tenant()
+	if !tagged {
+		tenant = h.tenant
+	}
 	n := 0
 	for _, to := range ev.recipients() {
 		addr, err := mail.ParseAddress(to)
@@ -286,7 +323,7 @@ func (h *WebhookHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				slog.String("event", ev.Type))
 			continue
 		}
-		if err := h.sup.SuppressEmail(r.Context(), h.tenant, addr.Address, reason); err != nil {
+		if err := h.sup.SuppressEmail(r.Context(), tenant, addr.Address, reason); err != nil {
 			h.log.LogAttrs(r.Context(), slog.LevelError, "resend webhook: recording a suppression failed; Resend will retry",
 				slog.String("event", ev.Type))
 			writeError(w, http.StatusInternalServerError, "internal", "the event could not be recorded")
@@ -296,7 +333,7 @@ func (h *WebhookHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	h.seen.add(id, now)
 	h.log.LogAttrs(r.Context(), slog.LevelInfo, "resend webhook processed",
-		slog.String("event", ev.Type), slog.Int("suppressed", n))
+		slog.String("event", ev.Type), slog.Int("suppressed", n), slog.Bool("tenant_tagged", tagged))
 	writeJSON(w, http.StatusOK, map[string]string{"status": "processed"})
 }
 

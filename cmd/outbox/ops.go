@@ -35,6 +35,10 @@ type backend interface {
 	Quarantined(ctx context.Context) ([]filestore.QuarantineRecord, error)
 	Check(ctx context.Context) (*filestore.Report, error)
 	Prune(ctx context.Context) (int, error)
+	// The tenant's address suppressions (suppressions.go).
+	SuppressEmail(ctx context.Context, tenant, address string, reason envelope.ErrorClass) error
+	AddressSuppressions(ctx context.Context, tenant string) ([]queue.Suppression, error)
+	LiftAddressSuppression(ctx context.Context, tenant, target string) error
 	Close() error
 }
 
@@ -78,6 +82,10 @@ type opRequest struct {
 	As     envelope.State     `json:"as,omitempty"`
 	Filter queue.ListFilter   `json:"filter,omitzero"`
 	Flags  queue.ConsentFlags `json:"flags,omitzero"`
+	// Address is an e-mail address (suppress-email) or an address target
+	// (lift-address); Reason a suppression's class.
+	Address string              `json:"address,omitempty"`
+	Reason  envelope.ErrorClass `json:"reason,omitempty"`
 }
 
 type opError struct {
@@ -114,6 +122,7 @@ func operatorHandler(b backend) http.Handler {
 	handle("quarantine", func(ctx context.Context, r opRequest) (any, error) { return b.Quarantined(ctx) })
 	handle("check", func(ctx context.Context, r opRequest) (any, error) { return b.Check(ctx) })
 	handle("prune", func(ctx context.Context, r opRequest) (any, error) { return b.Prune(ctx) })
+	handleAddressOps(handle, b)
 	return mux
 }
 

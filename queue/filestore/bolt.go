@@ -22,6 +22,8 @@ import (
 //	users    tenant 0 user 0 id → nil
 //	order    seq(u64) → env key
 //	consent  tenant 0 user → Consent (JSON)
+//	addrsup  tenant 0 address target → Suppression (JSON), see subs.go
+//	subs     tenant 0 user 0 endpoint target → Subscription (JSON), see subs.go
 //	skip     log path 0 offset(u64) → nil: records of a failed enqueue batch
 var (
 	bktMeta    = []byte("meta")

@@ -157,7 +157,11 @@ func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, r
 	env, err := q.readEnvelope(ek, e)
 	v := queue.RecordLost
 	if err == nil {
-		v = queue.Judge(env, ca.c, ca.found, now)
+		addr, err := addressSupOf(tx, env)
+		if err != nil {
+			return nil, nil, fmt.Errorf("claim: %w", err)
+		}
+		v = queue.Judge(env, ca.c, ca.found, addr, now)
 	} else {
 		// The log (or its record) is gone: this row can never be sent.
 		// Dead-letter it instead of failing every claim behind it.

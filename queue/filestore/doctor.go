@@ -111,7 +111,7 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 			bad("index: %v", e)
 		}
 		for _, b := range allBuckets {
-			if tx.Bucket(b) == nil {
+			if tx.Bucket(b) == nil && !addedLater(b) {
 				bad("index: bucket %q missing", b)
 				return nil
 			}

@@ -212,7 +212,8 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 	return res, nil
 }
 
-// checkConsent refuses the call when current consent forbids an envelope.
+// checkConsent refuses the call when current consent, or the tenant's
+// suppression of an address, forbids an envelope (queue.Permits).
 func (q *Queue) checkConsent(ctx context.Context, tx *bolt.Tx, items []*prepared) error {
 	for i, it := range items {
 		if it.dup {
@@ -222,7 +223,11 @@ func (q *Queue) checkConsent(ctx context.Context, tx *bolt.Tx, items []*prepared
 		if err != nil {
 			return fmt.Errorf("enqueue: consent: %w", err)
 		}
-		if ok, class := c.Allows(found, it.env); !ok {
+		addr, err := addressSupOf(tx, it.env)
+		if err != nil {
+			return fmt.Errorf("enqueue: %w", err)
+		}
+		if ok, class := queue.Permits(it.env, &c, found, addr); !ok {
 			return &queue.EnqueueError{Index: i, Tenant: it.env.TenantID, ID: it.env.ID, Reason: class, Err: queue.ErrConsentDenied}
 		}
 	}
@@ -697,7 +702,11 @@ func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *enve
 		if err != nil {
 			return false, err
 		}
-		if ok, why := c.Allows(found, env); !ok {
+		addr, err := addressSupOf(tx, env)
+		if err != nil {
+			return false, err
+		}
+		if ok, why := queue.Permits(env, &c, found, addr); !ok {
 			st, err := queue.Refuse(rows, queue.Verdict{State: envelope.StateSuppressed, Class: why}, now)
 			if err != nil {
 				return false, err

@@ -48,7 +48,8 @@ func loadRows(tx *bolt.Tx, ek []byte, e *envRec) ([]rowRec, []queue.Delivery, er
 }
 
 // apply writes a state machine step on envelope ek: the changed rows (with
-// their index entries and counts) and the suppression it asks for.
+// their index entries and counts) and the suppressions it asks for (the
+// user's, and the tenant's of the address).
 func (q *Queue) apply(tx *bolt.Tx, ek []byte, e *envRec, recs []rowRec, st *queue.Step, now time.Time) error {
 	tenant, _ := splitEnvKey(ek)
 	// Read what the suppression needs before writing anything: an error
@@ -77,7 +78,13 @@ func (q *Queue) apply(tx *bolt.Tx, ek []byte, e *envRec, recs []rowRec, st *queu
 	}
 	c.Add(queue.SuppressionFor(env, st.Suppress, now))
 	c.UpdatedAt = now
-	return putConsent(tx, tenant, e.User, c)
+	if err := putConsent(tx, tenant, e.User, c); err != nil {
+		return err
+	}
+	if a, ok := st.AddressSuppression(env, now); ok {
+		return putAddressSup(tx, tenant, a)
+	}
+	return nil
 }
 
 // step loads envelope ek's rows, runs f on them and applies the result.

@@ -1,8 +1,10 @@
 package filestore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -91,39 +93,103 @@ func eraseSubscriptions(tx *bolt.Tx, tenant, user string) error {
 	return nil
 }
 
-// SuppressEmail implements channels.Suppressor: a bounce or complaint that
-// came back from the email service (webhook or poller) suppresses the
-// address for every user of the tenant that has it. The address is matched
-// by its hash; users are found through their consent records and envelopes.
+// The tenants' address suppressions (queue.Permits): one key per
+// (tenant, address target), never the address in clear.
+//
+//	addrsup  tenant 0 target → Suppression (JSON)
+var bktAddrSup = []byte("addrsup")
+
+func init() { allBuckets = append(allBuckets, bktAddrSup) }
+
+// addedLater reports whether bucket b may be missing from a sound index
+// written before it existed (Open creates it; a read-only check must not
+// call such an index damaged).
+func addedLater(b []byte) bool { return bytes.Equal(b, bktAddrSup) }
+
+func addrSupKey(tenant, target string) []byte { return []byte(tenant + "\x00" + target) }
+
+// getAddressSup returns the tenant's suppression of target, or nil.
+func getAddressSup(tx *bolt.Tx, tenant, target string) (*queue.Suppression, error) {
+	b := tx.Bucket(bktAddrSup)
+	if b == nil {
+		return nil, nil // an index from before address suppressions, opened read-only
+	}
+	v := b.Get(addrSupKey(tenant, target))
+	if v == nil {
+		return nil, nil
+	}
+	var s queue.Suppression
+	if err := json.Unmarshal(v, &s); err != nil {
+		return nil, fmt.Errorf("queue: an address suppression in the index is damaged (run \"outbox doctor\"): %w", err)
+	}
+	return &s, nil
+}
+
+// addressSupOf returns the tenant's suppression of env's address, or nil
+// (env has no address target, or it is not suppressed).
+func addressSupOf(tx *bolt.Tx, env *envelope.Envelope) (*queue.Suppression, error) {
+	t := queue.AddressTarget(env)
+	if t == "" {
+		return nil, nil
+	}
+	return getAddressSup(tx, env.Tenant(), t)
+}
+
+// putAddressSup stores the tenant's suppression a unless its target is
+// suppressed already (the first one stays).
+func putAddressSup(tx *bolt.Tx, tenant string, a queue.Suppression) error {
+	k := addrSupKey(tenant, a.Target)
+	b := tx.Bucket(bktAddrSup)
+	if b.Get(k) != nil {
+		return nil
+	}
+	v, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	return b.Put(k, v)
+}
+
+// SuppressEmail implements channels.Suppressor and queue.Store: a bounce or
+// complaint that came back from the e-mail service (webhook or poller)
+// suppresses the address for the tenant, one key written, whether or not
+// an envelope carries the address yet. No envelope is read.
 func (q *Queue) SuppressEmail(ctx context.Context, tenant, address string, reason envelope.ErrorClass) error {
 	tenant = tenantOr(tenant)
-	target := queue.TargetOfValue("email:" + address)
 	return q.write(ctx, false, func(tx *bolt.Tx) error {
-		users := map[string]bool{}
-		prefix := []byte(tenant + "\x00")
-		c := tx.Bucket(bktEnv).Cursor()
-		for k, v := c.Seek(prefix); k != nil && len(k) >= len(prefix) && string(k[:len(prefix)]) == string(prefix); k, v = c.Next() {
-			var e envRec
-			if json.Unmarshal(v, &e) != nil || e.Channel != envelope.ChannelEmail || users[e.User] {
-				continue
-			}
-			env, err := q.readEnvelope(k, &e)
-			if err == nil && queue.TargetOf(env) == target {
-				users[e.User] = true
-			}
+		return putAddressSup(tx, tenant, queue.EmailSuppression(address, reason, q.opts.Now().UTC()))
+	})
+}
+
+// AddressSuppressions implements queue.Store.
+func (q *Queue) AddressSuppressions(ctx context.Context, tenant string) ([]queue.Suppression, error) {
+	prefix := []byte(tenantOr(tenant) + "\x00")
+	var out []queue.Suppression
+	err := q.view(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bktAddrSup)
+		if b == nil {
+			return nil
 		}
-		now := q.opts.Now().UTC()
-		for u := range users {
-			cs, _, err := getConsent(tx, tenant, u)
-			if err != nil {
-				return err
+		c := b.Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			var s queue.Suppression
+			if err := json.Unmarshal(v, &s); err != nil {
+				return fmt.Errorf("queue: an address suppression in the index is damaged (run \"outbox doctor\"): %w", err)
 			}
-			cs.Add(queue.EmailSuppression(address, reason, now))
-			cs.UpdatedAt = now
-			if err := putConsent(tx, tenant, u, cs); err != nil {
-				return err
-			}
+			out = append(out, s)
 		}
 		return nil
+	})
+	return out, err
+}
+
+// LiftAddressSuppression implements queue.Store.
+func (q *Queue) LiftAddressSuppression(ctx context.Context, tenant, target string) error {
+	k := addrSupKey(tenantOr(tenant), target)
+	return q.write(ctx, false, func(tx *bolt.Tx) error {
+		if tx.Bucket(bktAddrSup).Get(k) == nil {
+			return queue.ErrNotFound
+		}
+		return tx.Bucket(bktAddrSup).Delete(k)
 	})
 }

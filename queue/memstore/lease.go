@@ -54,7 +54,7 @@ func (s *Store) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 			s.pushBack(popped)
 			return nil, err
 		}
-		v := queue.Judge(r.env.env, c, found, now)
+		v := queue.Judge(r.env.env, c, found, s.addressOf(r.env.env), now)
 		plan = append(plan, decision{r, v})
 		if v.State == envelope.StateSending {
 			taken++

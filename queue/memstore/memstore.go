@@ -35,13 +35,14 @@ type Store struct {
 
 	mu      sync.Mutex
 	closed  bool
-	fence   uint64                     // last fence issued
-	seq     uint64                     // last enqueue sequence number
-	envs    map[envKey]*envRec         // every envelope by (tenant, id)
-	order   []*envRec                  // every envelope in enqueue order
-	sched   schedule                   // pending and retryable rows by due time
-	leased  map[*row]struct{}          // rows sending
-	consent map[userKey]*queue.Consent // the store's own consent records
+	fence   uint64                        // last fence issued
+	seq     uint64                        // last enqueue sequence number
+	envs    map[envKey]*envRec            // every envelope by (tenant, id)
+	order   []*envRec                     // every envelope in enqueue order
+	sched   schedule                      // pending and retryable rows by due time
+	leased  map[*row]struct{}             // rows sending
+	consent map[userKey]*queue.Consent    // the store's own consent records
+	addrs   map[addrKey]queue.Suppression // the tenants' address suppressions
 	subs    map[userKey][]queue.Subscription
 }
 
@@ -50,6 +51,9 @@ var _ queue.Store = (*Store)(nil)
 type envKey struct{ tenant, id string }
 
 type userKey struct{ tenant, user string }
+
+// addrKey is a tenant and an address target (queue.AddressTarget).
+type addrKey struct{ tenant, target string }
 
 // envRec is one stored envelope and its rows (segments).
 type envRec struct {
@@ -85,6 +89,7 @@ func New(opts *queue.Options) *Store {
 		envs:      make(map[envKey]*envRec),
 		leased:    make(map[*row]struct{}),
 		consent:   make(map[userKey]*queue.Consent),
+		addrs:     make(map[addrKey]queue.Suppression),
 		subs:      make(map[userKey][]queue.Subscription),
 	}
 }
@@ -143,6 +148,9 @@ func (s *Store) apply(rec *envRec, st *queue.Step, now time.Time) {
 	if st.Suppress != "" {
 		e := rec.env
 		s.suppress(userKey{e.TenantID, e.UserID}, queue.SuppressionFor(e, st.Suppress, now), now)
+		if a, ok := st.AddressSuppression(e, now); ok {
+			s.suppressAddress(e.TenantID, a)
+		}
 	}
 	if st.Wake {
 		s.wake()
@@ -199,8 +207,30 @@ func (cc *consentCache) allows(ctx context.Context, e *envelope.Envelope) (bool,
 	if err != nil {
 		return false, "", err
 	}
-	ok, class := c.Allows(found, e)
+	ok, class := queue.Permits(e, &c, found, cc.s.addressOf(e))
 	return ok, class, nil
+}
+
+// addressOf returns the tenant's suppression of e's address, or nil.
+func (s *Store) addressOf(e *envelope.Envelope) *queue.Suppression {
+	t := queue.AddressTarget(e)
+	if t == "" {
+		return nil
+	}
+	a, ok := s.addrs[addrKey{e.TenantID, t}]
+	if !ok {
+		return nil
+	}
+	return &a
+}
+
+// suppressAddress stores the tenant's suppression of an address unless
+// one is stored already.
+func (s *Store) suppressAddress(tenant string, a queue.Suppression) {
+	k := addrKey{tenant, a.Target}
+	if _, ok := s.addrs[k]; !ok {
+		s.addrs[k] = a
+	}
 }
 
 // Enqueue validates every envelope, checks current consent and stores the

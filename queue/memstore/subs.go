@@ -3,6 +3,7 @@ package memstore
 import (
 	"context"
 	"slices"
+	"strings"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -53,21 +54,46 @@ func (s *Store) Subscriptions(ctx context.Context, tenant, user string) ([]queue
 	return slices.Clone(s.subs[userKey{tenantOr(tenant), user}]), nil
 }
 
-// SuppressEmail suppresses an address for every user of the tenant with an
-// envelope to it. See queue.Store.
+// SuppressEmail suppresses the address for the tenant, whether or not an
+// envelope carries it yet. See queue.Store.
 func (s *Store) SuppressEmail(ctx context.Context, tenant, address string, reason envelope.ErrorClass) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
+	s.suppressAddress(tenantOr(tenant), queue.EmailSuppression(address, reason, s.now().UTC()))
+	return nil
+}
+
+// AddressSuppressions lists the tenant's address suppressions by target.
+// See queue.Store.
+func (s *Store) AddressSuppressions(ctx context.Context, tenant string) ([]queue.Suppression, error) {
+	if err := s.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
 	tenant = tenantOr(tenant)
-	now := s.now().UTC()
-	sup := queue.EmailSuppression(address, reason, now)
-	for _, rec := range s.order {
-		e := rec.env
-		if e.TenantID == tenant && e.Channel == envelope.ChannelEmail && queue.TargetOf(e) == sup.Target {
-			s.suppress(userKey{tenant, e.UserID}, sup, now)
+	var out []queue.Suppression
+	for k, a := range s.addrs {
+		if k.tenant == tenant {
+			out = append(out, a)
 		}
 	}
+	slices.SortFunc(out, func(a, b queue.Suppression) int { return strings.Compare(a.Target, b.Target) })
+	return out, nil
+}
+
+// LiftAddressSuppression removes the tenant's suppression of target. See
+// queue.Store.
+func (s *Store) LiftAddressSuppression(ctx context.Context, tenant, target string) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	k := addrKey{tenantOr(tenant), target}
+	if _, ok := s.addrs[k]; !ok {
+		return queue.ErrNotFound
+	}
+	delete(s.addrs, k)
 	return nil
 }

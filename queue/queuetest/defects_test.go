@@ -39,6 +39,8 @@ const (
 	deleteUnknownOK      // DeleteSubscription of an unknown endpoint succeeds
 	eraseKeepsSubs       // Erase leaves the push subscriptions
 	suppressEmailTenants // SuppressEmail reaches the users of every tenant
+	suppressEmailUsers   // SuppressEmail suppresses the address only for the users with an envelope to it (the rule before address suppressions)
+	bounceUserOnly       // a committed bounce of an e-mail suppresses the address for its user only
 )
 
 // envID names an envelope.
@@ -207,7 +209,17 @@ func (b *brokenStore) Commit(ctx context.Context, l *queue.Lease, out queue.Outc
 		// Every attempt counts against the limit, those before the requeue too.
 		out = queue.Outcome{State: envelope.StateDeadLetter, Class: out.Class}
 	}
+	var before []queue.Suppression
+	if b.flaw == bounceUserOnly && l != nil {
+		before, _ = b.Store.AddressSuppressions(ctx, l.Key.Tenant)
+	}
 	err := b.Store.Commit(ctx, l, out)
+	if b.flaw == bounceUserOnly && err == nil && l.Envelope != nil {
+		t := queue.AddressTarget(l.Envelope)
+		if t != "" && !slices.ContainsFunc(before, func(s queue.Suppression) bool { return s.Target == t }) {
+			_ = b.Store.LiftAddressSuppression(ctx, l.Key.Tenant, t)
+		}
+	}
 	switch {
 	case b.flaw == staleAccepted && errors.Is(err, queue.ErrStaleFence):
 		return nil
@@ -506,6 +518,30 @@ func (b *brokenStore) DeleteSubscription(ctx context.Context, tenant, user, endp
 }
 
 func (b *brokenStore) SuppressEmail(ctx context.Context, tenant, address string, reason envelope.ErrorClass) error {
+	if b.flaw == suppressEmailUsers {
+		// Each user with an envelope to the address gets a suppression of
+		// it in their consent record; the tenant keeps none.
+		rows, err := b.allRows(ctx)
+		if err != nil {
+			return err
+		}
+		sup := queue.EmailSuppression(address, reason, b.opts.Now().UTC())
+		for _, r := range rows {
+			if r.Key.Tenant != tenantOr(tenant) || r.Channel != envelope.ChannelEmail {
+				continue
+			}
+			st, err := b.Store.Get(ctx, r.Key.Tenant, r.Key.EnvelopeID)
+			if err != nil {
+				return err
+			}
+			if queue.TargetOf(st.Envelope) == sup.Target {
+				if err := b.Store.Suppress(ctx, r.Key.Tenant, r.UserID, sup); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
 	if b.flaw != suppressEmailTenants {
 		return b.Store.SuppressEmail(ctx, tenant, address, reason)
 	}

@@ -60,7 +60,7 @@ type DiffConfig struct {
 // DiffConfig.Exclude. "edge" is the calls the contract leaves open (an
 // empty user id, an unknown suppression channel, a nil envelope or lease).
 var DiffOpKinds = []string{
-	"enqueue", "consent", "suppress", "claim", "commit", "release", "advance",
+	"enqueue", "consent", "suppress", "suppress-email", "claim", "commit", "release", "advance",
 	"recover", "requeue", "resolve", "erase", "prune", "reopen", "edge", "close", "work",
 }
 
@@ -737,6 +737,19 @@ func (r *diffRun) observe(p *party, step int) []line {
 		add(name+".suppressions", "["+strings.Join(sup, " ")+"]")
 		add(name+".updated_at", at(c.UpdatedAt))
 	}
+	for _, tenant := range []string{envelope.DefaultTenant, "acme"} {
+		name := "AddressSuppressions(" + tenant + ")"
+		list, err := s.AddressSuppressions(ctx, tenant)
+		if err != nil {
+			add(name, errText(err))
+			continue
+		}
+		sup := make([]string, len(list))
+		for i, x := range list {
+			sup[i] = fmt.Sprintf("%s:%s:%s@%s", x.Channel, short(x.Target), x.Reason, at(x.At))
+		}
+		add(name, "["+strings.Join(sup, " ")+"]")
+	}
 	return out
 }
 
@@ -1022,9 +1035,9 @@ func (o *opAdvance) apply(_ *diffRun, p *party) []line { p.clock.Advance(o.d); r
 
 // opAdmin is an operation on one envelope or user.
 type opAdmin struct {
-	what   string // requeue, resolve, erase, consent, suppress, prune
+	what   string // requeue, resolve, erase, consent, suppress, suppress-email, lift-address, prune
 	tenant string
-	id     string // envelope id, or user id
+	id     string // envelope id, or user id, or (suppress-email) address, or (lift-address) target
 	as     envelope.State
 	flags  queue.ConsentFlags
 	sup    queue.Suppression
@@ -1050,6 +1063,10 @@ func (o *opAdmin) String() string {
 		return fmt.Sprintf("SetConsent(%s/%q, %+v)", o.tenant, o.id, o.flags)
 	case "suppress":
 		return fmt.Sprintf("Suppress(%s/%q, %s target=%q reason=%s at=%s)", o.tenant, o.id, o.sup.Channel, short(o.sup.Target), o.sup.Reason, at(o.sup.At))
+	case "suppress-email":
+		return fmt.Sprintf("SuppressEmail(%s, %s, %s)", o.tenant, o.id, o.sup.Reason)
+	case "lift-address":
+		return fmt.Sprintf("LiftAddressSuppression(%s, %s)", o.tenant, short(o.id))
 	case "nil":
 		return "Enqueue(a reply, nil); Commit(nil lease, sent); Release(nil lease)"
 	}
@@ -1079,6 +1096,10 @@ func (o *opAdmin) apply(r *diffRun, p *party) []line {
 		err = s.SetConsent(ctx, o.tenant, o.id, o.flags)
 	case "suppress":
 		err = s.Suppress(ctx, o.tenant, o.id, o.sup)
+	case "suppress-email":
+		err = s.SuppressEmail(ctx, o.tenant, o.id, o.sup.Reason)
+	case "lift-address":
+		err = s.LiftAddressSuppression(ctx, o.tenant, o.id)
 	case "prune":
 		n, err := s.Prune(ctx)
 		return []line{{"op.err", errText(err)}, {"op.pruned", strconv.Itoa(n)}}
@@ -1138,6 +1159,11 @@ func (opClose) apply(r *diffRun, p *party) []line {
 		}},
 		{"Erase", func() error { return s.Erase(ctx, "", "u-1") }},
 		{"Prune", func() error { _, err := s.Prune(ctx); return err }},
+		{"SuppressEmail", func() error { return s.SuppressEmail(ctx, "", diffSharedEmail, envelope.ClassBounced) }},
+		{"AddressSuppressions", func() error { _, err := s.AddressSuppressions(ctx, ""); return err }},
+		{"LiftAddressSuppression", func() error {
+			return s.LiftAddressSuppression(ctx, "", queue.TargetOfValue("email:"+diffSharedEmail))
+		}},
 		{"Close again", s.Close},
 	}
 	var out []line

@@ -37,7 +37,7 @@ type weighted struct {
 
 // The mix of operations (relative weights).
 var diffWeights = []weighted{
-	{"enqueue", 14}, {"consent", 4}, {"suppress", 2}, {"claim", 14}, {"commit", 16},
+	{"enqueue", 14}, {"consent", 4}, {"suppress", 2}, {"suppress-email", 2}, {"claim", 14}, {"commit", 16},
 	{"release", 3}, {"advance", 12}, {"recover", 5}, {"requeue", 3}, {"resolve", 3},
 	{"erase", 2}, {"prune", 2}, {"reopen", 2}, {"edge", 1}, {"work", 10},
 }
@@ -84,6 +84,22 @@ var (
 	diffUsers   = []string{"u-1", "u-2", "u-3"}
 )
 
+// diffSharedEmail is an address several users' digests go to, now and
+// then (a family inbox): a suppression of it reaches them all.
+const diffSharedEmail = "family.inbox@example.com"
+
+// diffAddress returns an address of the run: a user's own, the shared
+// one, or one no envelope carries.
+func (g *diffGen) diffAddress() string {
+	switch g.rng.IntN(5) {
+	case 0, 1:
+		return diffSharedEmail
+	case 2:
+		return "nobody@example.com"
+	}
+	return EmailOf(oneOf(g, diffUsers...))
+}
+
 // next returns the step's operation. A third of the runs end with Close.
 func (g *diffGen) next(r *diffRun, step int) diffOp {
 	if step == r.steps-1 && g.closing {
@@ -127,6 +143,14 @@ func (g *diffGen) build(r *diffRun, kind string) diffOp {
 	case "suppress":
 		user := oneOf(g, diffUsers...)
 		return &opAdmin{what: "suppress", tenant: oneOf(g, diffTenants...), id: user, sup: g.suppression(user, now)}
+	case "suppress-email":
+		// Now and then an operator lifts one instead (or one that is not
+		// there).
+		if g.chance(0.25) {
+			return &opAdmin{what: "lift-address", tenant: oneOf(g, diffTenants...), id: queue.TargetOfValue("email:" + g.diffAddress())}
+		}
+		return &opAdmin{what: "suppress-email", tenant: oneOf(g, diffTenants...), id: g.diffAddress(),
+			sup: queue.Suppression{Reason: oneOf(g, envelope.ClassBounced, envelope.ClassComplaint, envelope.ClassUnsubscribed)}}
 	case "claim", "recover":
 		return g.claim(kind == "recover")
 	case "work":
@@ -243,6 +267,10 @@ func (g *diffGen) envelope(now time.Time) (*envelope.Envelope, string) {
 	switch g.rng.IntN(10) {
 	case 0, 1:
 		e, desc = Digest(g.id("d"), user), "digest"
+		if g.chance(0.3) {
+			e.Recipient.Email = diffSharedEmail
+			desc += " (shared address)"
+		}
 	case 2, 3:
 		e, desc = Nudge(g.id("n"), user), "nudge"
 		if g.chance(0.3) {

@@ -113,6 +113,8 @@ func TestDifferential_Catches(t *testing.T) {
 		{"a stale commit reports success", broken(staleAccepted)},
 		{"ExpireToPending ignored", broken(noExpireToPending)},
 		{"a duplicate within a batch reported new", broken(batchDupNew)},
+		{"SuppressEmail suppresses only the users with an envelope to the address", broken(suppressEmailUsers)},
+		{"a bounce of an e-mail suppresses the address for its user only", broken(bounceUserOnly)},
 	}
 	for _, d := range defects {
 		t.Run(d.name, func(t *testing.T) {

@@ -44,6 +44,8 @@ var suiteDefects = []struct {
 	{"delete-unknown-ok", broken(deleteUnknownOK), "Subscriptions"},
 	{"erase-keeps-subs", broken(eraseKeepsSubs), "EraseSubscriptions"},
 	{"suppress-email-tenants", broken(suppressEmailTenants), "SuppressEmail"},
+	{"suppress-email-users", broken(suppressEmailUsers), "SuppressEmail"},
+	{"bounce-user-only", broken(bounceUserOnly), "BounceSuppressesAddress"},
 }
 
 // TestSuiteOnDefect runs the contract suite against the in-memory store

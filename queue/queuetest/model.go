@@ -34,7 +34,8 @@ type model struct {
 	fence   uint64 // the last fence issued
 	seq     uint64 // the last enqueue sequence number
 	envs    map[pair]*menv
-	consent map[pair]*queue.Consent // by (tenant, user)
+	consent map[pair]*queue.Consent    // by (tenant, user)
+	addrs   map[pair]queue.Suppression // the tenant's address suppressions, by (tenant, target)
 	subs    map[pair][]queue.Subscription
 }
 
@@ -86,6 +87,7 @@ func newModel(opts *queue.Options) *model {
 		notify:    make(chan struct{}, 1),
 		envs:      map[pair]*menv{},
 		consent:   map[pair]*queue.Consent{},
+		addrs:     map[pair]queue.Suppression{},
 		subs:      map[pair][]queue.Subscription{},
 	}
 }
@@ -117,13 +119,31 @@ func (m *model) check(ctx context.Context) error {
 	return nil
 }
 
-// allows decides current consent for e from the store's own records.
+// allows decides current consent for e from the store's own records and
+// the tenant's suppression of e's address, by the rule of package queue
+// (queue.Permits: the address suppression refuses whatever the user's
+// consent says).
 func (m *model) allows(e *envelope.Envelope) (bool, envelope.ErrorClass) {
 	c, found := m.consent[pair{e.TenantID, e.UserID}]
 	if !found {
 		c = &queue.Consent{}
 	}
-	return c.Allows(found, e)
+	var addr *queue.Suppression
+	if e.Channel == envelope.ChannelEmail {
+		if a, ok := m.addrs[pair{e.TenantID, queue.TargetOf(e)}]; ok {
+			addr = &a
+		}
+	}
+	return queue.Permits(e, c, found, addr)
+}
+
+// suppressAddress stores the tenant's suppression of an address unless it
+// has one already.
+func (m *model) suppressAddress(tenant string, s queue.Suppression) {
+	k := pair{tenant, s.Target}
+	if _, ok := m.addrs[k]; !ok {
+		m.addrs[k] = s
+	}
 }
 
 // segmentsOf is the number of rows an envelope materialises: one per chat
@@ -432,6 +452,11 @@ func (m *model) Commit(ctx context.Context, l *queue.Lease, out queue.Outcome) e
 		e.schedule(now)
 	case queue.Suppressing(to):
 		m.suppress(pair{e.env.TenantID, e.env.UserID}, queue.SuppressionFor(e.env, class, now), now)
+		// A bounce or complaint of an e-mail: the address is gone for
+		// every user of the tenant.
+		if (to == envelope.StateBounced || to == envelope.StateComplaint) && e.env.Channel == envelope.ChannelEmail {
+			m.suppressAddress(e.env.TenantID, queue.Suppression{Channel: envelope.ChannelEmail, Target: queue.TargetOf(e.env), Reason: class, At: now})
+		}
 		e.settleRest(l.Key.Segment, now, envelope.StateSuppressed, class)
 	case to == envelope.StateExpired, to == envelope.StateDeadLetter:
 		e.settleRest(l.Key.Segment, now, to, class)
@@ -882,20 +907,41 @@ func (m *model) Subscriptions(ctx context.Context, tenant, user string) ([]queue
 	return append([]queue.Subscription(nil), m.subs[pair{tenantOf(tenant), user}]...), nil
 }
 
-// SuppressEmail suppresses the address for every user of the tenant with
-// an envelope to it.
+// SuppressEmail suppresses the address for the tenant, envelopes or not;
+// the first suppression of an address stays. No consent record changes.
 func (m *model) SuppressEmail(ctx context.Context, tenant, address string, reason envelope.ErrorClass) error {
 	if err := m.check(ctx); err != nil {
 		return err
 	}
-	tenant = tenantOf(tenant)
-	now := m.now().UTC()
-	s := queue.EmailSuppression(address, reason, now)
-	for _, e := range m.envs {
-		if e.env.TenantID == tenant && e.env.Channel == envelope.ChannelEmail && queue.TargetOf(e.env) == s.Target {
-			m.suppress(pair{tenant, e.env.UserID}, s, now)
+	m.suppressAddress(tenantOf(tenant), queue.EmailSuppression(address, reason, m.now().UTC()))
+	return nil
+}
+
+// AddressSuppressions lists the tenant's address suppressions by target.
+func (m *model) AddressSuppressions(ctx context.Context, tenant string) ([]queue.Suppression, error) {
+	if err := m.check(ctx); err != nil {
+		return nil, err
+	}
+	var out []queue.Suppression
+	for k, s := range m.addrs {
+		if k.a == tenantOf(tenant) {
+			out = append(out, s)
 		}
 	}
+	slices.SortFunc(out, func(a, b queue.Suppression) int { return strings.Compare(a.Target, b.Target) })
+	return out, nil
+}
+
+// LiftAddressSuppression removes the tenant's suppression of target.
+func (m *model) LiftAddressSuppression(ctx context.Context, tenant, target string) error {
+	if err := m.check(ctx); err != nil {
+		return err
+	}
+	k := pair{tenantOf(tenant), target}
+	if _, ok := m.addrs[k]; !ok {
+		return queue.ErrNotFound
+	}
+	delete(m.addrs, k)
 	return nil
 }
 

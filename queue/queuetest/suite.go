@@ -88,6 +88,7 @@ func Exercise(t *testing.T, h Harness) {
 		{"SubscriptionLiftsSuppression", testSubscriptionResubscribe},
 		{"EraseSubscriptions", testEraseSubscriptions},
 		{"SuppressEmail", testSuppressEmail},
+		{"BounceSuppressesAddress", testBounceSuppressesAddress},
 		{"Close", testClose},
 		{"Reopen", testReopen},
 		{"SubscriptionsReopen", testSubscriptionsReopen},

@@ -224,44 +224,82 @@ func testEraseSubscriptions(t *testing.T, h Harness) {
 	f.wantSubs("t2", "u-1", pushSub("u-1", ""))
 }
 
+// emailTo returns a digest of user to addr (the user's own address when
+// addr is "").
+func emailTo(id, user, addr string) *envelope.Envelope {
+	e := Digest(id, user)
+	if addr != "" {
+		e.Recipient.Email = addr
+	}
+	return e
+}
+
+// addressSups returns the tenant's address suppressions.
+func (f *fixture) addressSups(tenant string) []queue.Suppression {
+	f.t.Helper()
+	list, err := f.s.AddressSuppressions(f.ctx, tenant)
+	if err != nil {
+		f.t.Fatalf("AddressSuppressions(%q): %v", tenant, err)
+	}
+	return list
+}
+
+// wantAddressSups checks the tenant's address suppressions (in target
+// order).
+func (f *fixture) wantAddressSups(tenant string, want ...queue.Suppression) {
+	f.t.Helper()
+	got := f.addressSups(tenant)
+	slices.SortFunc(want, func(a, b queue.Suppression) int { return cmp.Compare(a.Target, b.Target) })
+	if len(got) != len(want) {
+		f.t.Fatalf("AddressSuppressions(%q) = %+v, want %+v", tenant, got, want)
+	}
+	for i := range got {
+		if !sameSuppression(got[i], want[i]) {
+			f.t.Fatalf("AddressSuppressions(%q) = %+v, want %+v", tenant, got, want)
+		}
+	}
+}
+
+// wantDenied expects an Enqueue of e refused by consent with class why.
+func (f *fixture) wantDenied(e *envelope.Envelope, why envelope.ErrorClass, what string) {
+	f.t.Helper()
+	_, err := f.s.Enqueue(f.ctx, e)
+	var ee *queue.EnqueueError
+	if !errors.As(err, &ee) || !errors.Is(err, queue.ErrConsentDenied) || ee.Reason != why {
+		f.t.Fatalf("%s: Enqueue = %v, want a consent denial (%s)", what, err, why)
+	}
+}
+
 // testSuppressEmail: an address reported bounced later is suppressed for
-// every user of the tenant with an envelope to it, whatever that envelope's
-// state.
+// the tenant: every envelope of any user of the tenant to it, stored
+// already or enqueued later, even when no envelope carried it when it was
+// reported; other tenants and every consent record are untouched.
 func testSuppressEmail(t *testing.T, h Harness) {
 	f := setup(t, h)
-	const shared = "family.inbox@example.com"
-	to := func(id, user, addr string) *envelope.Envelope {
-		e := Digest(id, user)
-		if addr != "" {
-			e.Recipient.Email = addr
-		}
-		return e
-	}
+	const shared, fresh = "family.inbox@example.com", "new.reader@example.com"
 	for _, u := range []string{"u-1", "u-2", "u-3", "u-4"} {
 		f.grant(dflt, u)
 	}
 	f.grant("t2", "u-1")
 	// u-1's envelope to the shared address is delivered already; u-2's is
 	// pending; u-3 has one to its own address only, u-4 none at all.
-	f.enqueue(to("d-1a", "u-1", shared))
+	f.enqueue(emailTo("d-1a", "u-1", shared))
 	f.commit(f.claimOne("d-1a"), queue.Outcome{State: envelope.StateSent})
-	f.enqueue(to("d-1b", "u-1", ""), to("d-2", "u-2", shared), to("d-3", "u-3", ""), withTenant(to("d-9", "u-1", shared), "t2"))
+	f.enqueue(emailTo("d-1b", "u-1", ""), emailTo("d-2", "u-2", shared), emailTo("d-3", "u-3", ""), withTenant(emailTo("d-9", "u-1", shared), "t2"))
+	f.wantAddressSups(dflt)
 
 	f.clock.Advance(time.Minute)
 	if err := f.s.SuppressEmail(f.ctx, dflt, shared, envelope.ClassBounced); err != nil {
 		t.Fatalf("SuppressEmail: %v", err)
 	}
-	want := queue.Suppression{Channel: envelope.ChannelEmail, Target: queue.TargetOf(to("", "u-1", shared)), Reason: envelope.ClassBounced, At: f.clock.Now()}
+	want := queue.Suppression{Channel: envelope.ChannelEmail, Target: queue.TargetOf(emailTo("", "u-1", shared)), Reason: envelope.ClassBounced, At: f.clock.Now()}
+	f.wantAddressSups(dflt, want)
+	f.wantAddressSups("t2")
+	// The address is the tenant's: no user's consent record changes.
 	granted := queue.ConsentFlags{DigestEnabled: true, PushEnabled: true, EmailVerified: true, Cadence: "weekly"}
-	for _, u := range []string{"u-1", "u-2"} {
-		c := f.consent(dflt, u)
-		if len(c.Suppressions) != 1 || !sameSuppression(c.Suppressions[0], want) || c.ConsentFlags != granted {
-			t.Fatalf("consent of %s after SuppressEmail = %+v, want the flags kept and only %+v", u, c, want)
-		}
-	}
-	for _, k := range []struct{ tenant, user string }{{dflt, "u-3"}, {dflt, "u-4"}, {"t2", "u-1"}} {
-		if c := f.consent(k.tenant, k.user); len(c.Suppressions) != 0 {
-			t.Fatalf("SuppressEmail suppressed %s/%s: %+v", k.tenant, k.user, c.Suppressions)
+	for _, k := range []struct{ tenant, user string }{{dflt, "u-1"}, {dflt, "u-2"}, {dflt, "u-3"}, {dflt, "u-4"}, {"t2", "u-1"}} {
+		if c := f.consent(k.tenant, k.user); len(c.Suppressions) != 0 || c.ConsentFlags != granted {
+			t.Fatalf("consent of %s/%s after SuppressEmail = %+v, want the flags kept and no suppression", k.tenant, k.user, c)
 		}
 	}
 
@@ -271,27 +309,96 @@ func testSuppressEmail(t *testing.T, h Harness) {
 	}
 	f.wantState(dflt, "d-2", 0, envelope.StateSuppressed, envelope.ClassBounced)
 	f.wantState(dflt, "d-1a", 0, envelope.StateSent, "")
-	_, err := f.s.Enqueue(f.ctx, to("d-5", "u-1", shared))
-	var ee *queue.EnqueueError
-	if !errors.As(err, &ee) || !errors.Is(err, queue.ErrConsentDenied) || ee.Reason != envelope.ClassBounced {
-		t.Fatalf("Enqueue to the suppressed address: %v, want a denial (bounced)", err)
-	}
-	f.enqueue(withTenant(to("d-6", "u-1", shared), "t2"))
+	// Every user of the tenant is refused the address, also one that never
+	// had an envelope to it; the same users' own addresses and the other
+	// tenant still go.
+	f.wantDenied(emailTo("d-5", "u-1", shared), envelope.ClassBounced, "Enqueue to the suppressed address")
+	f.wantDenied(emailTo("d-6", "u-3", shared), envelope.ClassBounced, "Enqueue of another user to the suppressed address")
+	f.wantDenied(emailTo("d-7", "u-4", shared), envelope.ClassBounced, "Enqueue of a user with no envelope yet to the suppressed address")
+	f.wantDenied(emailTo("d-8", "u-5", shared), envelope.ClassBounced, "Enqueue of a user with no consent record to the suppressed address")
+	f.enqueue(emailTo("d-4", "u-4", ""), withTenant(emailTo("d-6", "u-1", shared), "t2"))
 
-	// Reported again (a complaint now): still one suppression of the address.
+	// An address that no envelope carries yet is suppressed all the same.
+	if err := f.s.SuppressEmail(f.ctx, dflt, fresh, envelope.ClassComplaint); err != nil {
+		t.Fatal(err)
+	}
+	wantFresh := queue.Suppression{Channel: envelope.ChannelEmail, Target: queue.TargetOf(emailTo("", "u-1", fresh)), Reason: envelope.ClassComplaint, At: f.clock.Now()}
+	f.wantAddressSups(dflt, want, wantFresh)
+	f.wantDenied(emailTo("d-10", "u-2", fresh), envelope.ClassComplaint, "Enqueue to an address suppressed before any envelope carried it")
+
+	// Reported again (a complaint now): still one suppression of the
+	// address, the first.
 	f.clock.Advance(time.Minute)
 	if err := f.s.SuppressEmail(f.ctx, dflt, shared, envelope.ClassComplaint); err != nil {
 		t.Fatal(err)
 	}
-	if c := f.consent(dflt, "u-2"); len(c.Suppressions) != 1 || c.Suppressions[0].Target != want.Target {
-		t.Fatalf("suppressions after a second report = %+v, want one of the address", c.Suppressions)
+	f.wantAddressSups(dflt, want, wantFresh)
+
+	// An operator lifts it: the address works again, for every user.
+	wantErr(t, f.s.LiftAddressSuppression(f.ctx, "t2", want.Target), queue.ErrNotFound, "LiftAddressSuppression in a tenant that has none")
+	if err := f.s.LiftAddressSuppression(f.ctx, "", want.Target); err != nil {
+		t.Fatalf("LiftAddressSuppression: %v", err)
 	}
-	// An address nobody has changes nothing.
-	if err := f.s.SuppressEmail(f.ctx, dflt, "nobody@example.com", envelope.ClassBounced); err != nil {
+	wantErr(t, f.s.LiftAddressSuppression(f.ctx, dflt, want.Target), queue.ErrNotFound, "LiftAddressSuppression twice")
+	f.wantAddressSups(dflt, wantFresh)
+	f.enqueue(emailTo("d-11", "u-3", shared))
+}
+
+// testBounceSuppressesAddress: a committed bounce or complaint of an
+// e-mail suppresses the address for every user of the tenant (not only
+// for the user whose envelope bounced); a push bounce stays the user's.
+// Erase keeps the tenant's address suppressions; a reopen too.
+func testBounceSuppressesAddress(t *testing.T, h Harness) {
+	f := setup(t, h)
+	const shared = "family.inbox@example.com"
+	for _, u := range []string{"u-1", "u-2", "u-3"} {
+		f.grant(dflt, u)
+	}
+	f.grant("t2", "u-2")
+	f.enqueue(emailTo("d-1", "u-1", shared))
+	l := f.claimOne("d-1")
+	f.enqueue(emailTo("d-2", "u-2", shared), withTenant(emailTo("d-9", "u-2", shared), "t2"))
+	f.clock.Advance(time.Second)
+	f.commit(l, queue.Outcome{State: envelope.StateBounced})
+	want := queue.Suppression{Channel: envelope.ChannelEmail, Target: queue.TargetOf(emailTo("", "u-1", shared)), Reason: envelope.ClassBounced, At: f.clock.Now()}
+	f.wantAddressSups(dflt, want)
+	f.wantAddressSups("t2")
+	if got := keys(f.claim(10)); !equal(got, []string{"t2/d-9#0"}) {
+		t.Fatalf("Claim after a bounce of the shared address = %v, want only t2's d-9", got)
+	}
+	f.wantState(dflt, "d-2", 0, envelope.StateSuppressed, envelope.ClassBounced)
+	f.wantDenied(emailTo("d-3", "u-3", shared), envelope.ClassBounced, "Enqueue of another user to a bounced address")
+
+	// A complaint of another address, committed: the same.
+	f.enqueue(emailTo("d-4", "u-3", ""))
+	f.commit(f.claimOne("d-4"), queue.Outcome{State: envelope.StateComplaint})
+	own := queue.Suppression{Channel: envelope.ChannelEmail, Target: queue.TargetOf(emailTo("", "u-3", "")), Reason: envelope.ClassComplaint, At: f.clock.Now()}
+	f.wantAddressSups(dflt, want, own)
+	// An unsubscribe (suppressed) is the user's choice, and a push bounce
+	// suppresses only that user's subscription: neither is the tenant's.
+	f.enqueue(emailTo("d-5", "u-2", ""), Nudge("n-1", "u-2"))
+	for range 2 {
+		l := f.claim(1)
+		if len(l) != 1 {
+			t.Fatalf("Claim = %v, want one lease", keys(l))
+		}
+		st := envelope.StateSuppressed
+		if l[0].Channel == envelope.ChannelPush {
+			st = envelope.StateBounced
+		}
+		f.commit(l[0], queue.Outcome{State: st})
+	}
+	f.wantAddressSups(dflt, want, own)
+
+	if err := f.s.Erase(f.ctx, dflt, "u-1"); err != nil {
 		t.Fatal(err)
 	}
-	if c := f.consent(dflt, "u-3"); len(c.Suppressions) != 0 {
-		t.Fatalf("SuppressEmail of an unknown address suppressed u-3: %+v", c.Suppressions)
+	f.wantAddressSups(dflt, want, own)
+	if h.Reopen != nil {
+		f.reopen()
+		f.wantAddressSups(dflt, want, own)
+		f.wantAddressSups("t2")
+		f.wantDenied(emailTo("d-6", "u-2", shared), envelope.ClassBounced, "Enqueue to a bounced address after a reopen")
 	}
 }
 
