@@ -194,7 +194,7 @@ func TestInflightBound_Weights(t *testing.T) {
 		{0, 0},
 		{100, MinInflightWeight},
 		{100 << 10, 100 << 10},
-		{-1, 512 << 10},     // unknown: MaxBody, capped at the limit
+		{-1, 512 << 10},      // unknown: MaxBody, capped at the limit
 		{2 << 20, 512 << 10}, // refused unread as too large; counted at most the limit
 	} {
 		r := httptest.NewRequest("POST", "/v1/envelopes", strings.NewReader("x"))

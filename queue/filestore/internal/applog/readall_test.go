@@ -1,7 +1,5 @@
 package applog
 
-
-
 // ReadComplete reads the log at path from off up to and including its last
 // complete line, through ReadLines (the tests' view of a whole log; lines
 // longer than MaxLine are left out).
@@ -31,4 +29,3 @@ func readAll(read func(int64) (Chunk, error), off int64) ([]byte, error) {
 		}
 	}
 }
-
