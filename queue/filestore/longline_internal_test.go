@@ -155,3 +155,83 @@ func logValue(t *testing.T, q *Queue, rel string) []byte {
 	}
 	return v
 }
+
+// The store's own append after a foreign long line that has no newline
+// ends that line (as it ends any torn tail): the long line is quarantined
+// and the record is indexed.
+func TestCatchUp_AppendEndsLongLine(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	mustEnqueue(t, q, replyEnv("before", "u1", "hi"))
+	path := LogPath(dir, "", "u1")
+	start, _, _ := applog.PathSize(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(bytes.Repeat([]byte("x"), 3*applog.MaxLine)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := q.catchUpAll(); err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, q, replyEnv("mine", "u1", "hello"))
+	leases := claimAll(t, q)
+	wantLeased(t, leases, "before", "mine")
+	qr, err := q.Quarantined()
+	if err != nil || len(qr) != 1 || qr[0].Offset != start {
+		t.Fatalf("quarantined %+v, %v; want the long line at %d", qr, err, start)
+	}
+}
+
+// A log larger than the read window is indexed a window at a time, also
+// when it is indexed again from its start: a replaced log whose first
+// record is gone has every other record moved to its new offset, those
+// read in a later window included.
+func TestCatchUp_ReplacedLogAcrossWindows(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	text := string(bytes.Repeat([]byte("w"), 1000))
+	const n = 2600 // about 2.9 MB of records: two windows
+	for i := 0; i < n; i += 100 {
+		var batch []*envelope.Envelope
+		for j := i; j < i+100; j++ {
+			batch = append(batch, replyEnv(fmt.Sprintf("r%04d", j), "u1", text))
+		}
+		if _, err := q.Enqueue(context.Background(), batch...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := LogPath(dir, "", "u1")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 2*applog.MaxLine {
+		t.Fatalf("log of %d bytes: not larger than a read window", len(b))
+	}
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, b[bytes.IndexByte(b, '\n')+1:], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.catchUpAll(); err != nil {
+		t.Fatal(err)
+	}
+	var leases = map[string]bool{}
+	for {
+		ls := claimAll(t, q) // each lease carries its own envelope
+		if len(ls) == 0 {
+			break
+		}
+		for id := range ls {
+			leases[id] = true
+		}
+	}
+	if len(leases) != n-1 || leases["r0000"] {
+		t.Fatalf("%d envelopes claimable, want %d (all but r0000)", len(leases), n-1)
+	}
+}
