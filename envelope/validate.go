@@ -96,6 +96,9 @@ func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
 // Parse decodes one envelope from a JSON object and validates it against
 // the JSON Schema and the Go rules (the moat rule, deep links, the zero-item
 // digest, times, channel and recipient agreement, id limits, reply text).
+// A document beyond MaxEnvelopeBytes, MaxValues or MaxDepth is refused
+// with that one problem before it is decoded, and so is a valid one whose
+// JSON encoding would exceed MaxEnvelopeBytes.
 //
 // It returns every problem found in one *ValidationError, and the envelope
 // only when it is valid. The returned envelope's Payload is the compact
@@ -103,6 +106,11 @@ func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
 // Parse is safe for concurrent use.
 func Parse(data []byte) (*Envelope, error) {
 	e, problems := check(data)
+	if len(problems) == 0 {
+		if p, ok := encodedSizeProblem(data, e); !ok {
+			problems = []Problem{p}
+		}
+	}
 	if len(problems) > 0 {
 		return nil, &ValidationError{Problems: capProblems(problems)}
 	}
@@ -292,6 +300,13 @@ func check(data []byte) (*Envelope, []Problem) { return checkDoc(data, nil) }
 // from (Validate): the document is then known to be well-formed JSON and
 // the envelope need not be decoded again.
 func checkDoc(data []byte, typed *Envelope) (*Envelope, []Problem) {
+	// The limits first, before anything is decoded (see MaxValues).
+	if p, ok := shapeProblem(data); !ok {
+		if typed != nil && p.Rule == ruleTooLarge {
+			p.Rule = ruleEncTooLong
+		}
+		return nil, []Problem{p}
+	}
 	if typed == nil {
 		if p, ok := syntaxProblem(data); !ok {
 			return nil, []Problem{p}

@@ -104,3 +104,28 @@ func TestValidJSONString(t *testing.T) {
 		}
 	}
 }
+
+func TestShapeProblem_Boundaries(t *testing.T) {
+	values := func(n int) []byte { // n values: the array and n-1 numbers
+		return []byte("[" + strings.TrimSuffix(strings.Repeat("12,", n-1), ",") + "]")
+	}
+	for _, tt := range []struct {
+		name string
+		doc  []byte
+		ok   bool
+	}{
+		{"MaxValues", values(MaxValues), true},
+		{"MaxValues+1", values(MaxValues + 1), false},
+		{"Nested", []byte(strings.Repeat("[", MaxValues) + strings.Repeat("]", MaxValues)), true},
+		{"Nested+1", []byte(strings.Repeat("[", MaxValues+1) + strings.Repeat("]", MaxValues+1)), false},
+		{"KeysCount", []byte("{" + strings.TrimSuffix(strings.Repeat(`"k":1,`, MaxValues/2), ",") + "}"), false},
+		{"BracketsInStrings", []byte(`["` + strings.Repeat(`[{\"`, 1000) + `"]`), true},
+		{"Literals", []byte("[" + strings.TrimSuffix(strings.Repeat("true,null,", MaxValues/2), ",") + "]"), false},
+		{"MaxBytes", []byte(`"` + strings.Repeat("a", MaxEnvelopeBytes-2) + `"`), true},
+		{"MaxBytes+1", []byte(`"` + strings.Repeat("a", MaxEnvelopeBytes-1) + `"`), false},
+	} {
+		if _, ok := shapeProblem(tt.doc); ok != tt.ok {
+			t.Errorf("%s: shapeProblem ok = %v, want %v", tt.name, ok, tt.ok)
+		}
+	}
+}

@@ -39,7 +39,7 @@ type serveFlags struct {
 	noSink, relaxed, sinkJournal                                                             *bool
 	concurrency, maxAttempts                                                                 *int
 	lease, backoffBase, backoffCap, retention, rescan, shutdown, resendPoll, seamLease       *time.Duration
-	maxBody                                                                                  *int
+	maxBody, maxInflight                                                                     *int
 	resendRate                                                                               *int
 }
 
@@ -66,6 +66,8 @@ func addServeFlags(s *settings) *serveFlags {
 	f.telegramURL = s.str("telegram-api", "OUTBOX_TELEGRAM_API", "https://api.telegram.org", "Telegram Bot API base URL")
 	f.shutdown = s.duration("shutdown-timeout", "OUTBOX_SHUTDOWN_TIMEOUT", 10*time.Second, "bound on draining in-flight deliveries at shutdown")
 	f.maxBody = s.integer("max-body", "OUTBOX_MAX_BODY", 1<<20, "largest request body in bytes")
+	f.maxInflight = s.integer("max-inflight", "OUTBOX_MAX_INFLIGHT", httpapi.DefaultMaxInflight,
+		"bytes of request bodies handled at once; a request past it gets 503 with Retry-After (-1 = no bound)")
 	f.seamLease = s.duration("seam-lease", "OUTBOX_SEAM_LEASE", 5*time.Minute, "lease of envelopes handed out by /internal/outbox/pending")
 	f.logFormat = s.str("log-format", "OUTBOX_LOG_FORMAT", "text", "log format: text or json")
 	f.sinkJournal = s.boolean("sink-journal", "OUTBOX_SINK_JOURNAL", false, "the sink also appends each delivered key's hash to DATA/sink/CHANNEL.journal (used by the kill drill)")
@@ -167,7 +169,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	}
 
 	api, err := httpapi.New(httpapi.Config{
-		Store: a.q, Token: token, MaxBody: int64(*f.maxBody), Logger: log, Unsub: a.unsub,
+		Store: a.q, Token: token, MaxBody: int64(*f.maxBody), MaxInflight: int64(*f.maxInflight), Logger: log, Unsub: a.unsub,
 		VAPIDPublicKey: a.vapidPub, SeamLease: *f.seamLease,
 		Ready: func() bool { return true },
 	})

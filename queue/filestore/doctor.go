@@ -225,18 +225,29 @@ func checkLog(dir, rel string, v []byte, unindexed *int64) string {
 	case size < off:
 		return fmt.Sprintf("log %s: truncated (%d bytes, shorter than its indexed offset %d); %s; %s", rel, size, off, hintRecordsLost, hintReindex)
 	}
+	// The complete bytes past the offset, a window at a time (lines
+	// longer than applog.MaxLine are skipped, not read).
 	from := max(off-1, 0)
-	b, err := applog.ReadComplete(path, from)
-	if err != nil {
-		return fmt.Sprintf("log %s: %v", rel, err)
-	}
-	if off > 0 {
-		if len(b) == 0 || b[0] != '\n' {
+	at := from
+	for {
+		c, err := applog.ReadLines(path, at)
+		if err != nil {
+			return fmt.Sprintf("log %s: %v", rel, err)
+		}
+		if at == from && off > 0 && (len(c.Data) == 0 || c.Data[0] != '\n') {
 			return fmt.Sprintf("log %s: changed before its indexed offset %d (no line ends there: cut and written again); %s; %s", rel, off, hintRecordsLost, hintReindex)
 		}
-		b = b[1:]
+		at += int64(len(c.Data))
+		if c.Long && c.LongEnd >= 0 {
+			at = c.LongEnd
+		} else if !c.More {
+			break
+		}
 	}
-	*unindexed += int64(len(b))
+	if off > 0 {
+		from++ // the newline before the offset
+	}
+	*unindexed += at - from
 	return ""
 }
 

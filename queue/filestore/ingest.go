@@ -383,8 +383,8 @@ func (q *Queue) withNews(rels []string) ([]string, error) {
 				case err != nil || ino != at[i].ino || size < at[i].off:
 					news[i] = true // a new, replaced or truncated file, or let the catch-up report
 				default:
-					data, err := q.app.ReadComplete(rels[i], at[i].off)
-					news[i] = err != nil || len(data) > 0
+					c, err := q.app.ReadLines(rels[i], at[i].off)
+					news[i] = err != nil || len(c.Data) > 0 || c.LongEnd >= 0
 				}
 			}
 		}()
@@ -505,12 +505,12 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared, m
 	case size < off:
 		reset = resetTruncated
 	}
-	var data []byte
+	var c applog.Chunk
 	if indexed && reset == "" && off > 0 {
 		// From the newline that ends the last indexed line.
-		if data, err = q.app.ReadComplete(rel, off-1); err == nil {
-			if len(data) > 0 && data[0] == '\n' {
-				data = data[1:]
+		if c, err = q.app.ReadLines(rel, off-1); err == nil {
+			if len(c.Data) > 0 && c.Data[0] == '\n' {
+				c.Data = c.Data[1:]
 			} else {
 				reset = resetRewritten
 			}
@@ -523,23 +523,66 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared, m
 		off = 0
 	}
 	if off == 0 {
-		data, err = q.app.ReadComplete(rel, 0)
+		c, err = q.app.ReadLines(rel, 0)
 	}
-	if err != nil {
-		q.log.Error("read log failed", "operation", "ingest", "status", "error")
-		return fmt.Errorf("read log: %w", err)
+	// The log is read a window at a time (applog.ReadLines): a line longer
+	// than applog.MaxLine is never read, but quarantined once its newline
+	// is there, and the lines after it are indexed; until then the offset
+	// stays at its start.
+	pos := off
+	ing := ingestion{rel: rel, fino: fino, known: known, reset: reset, now: q.opts.Now()}
+	for {
+		if err != nil {
+			q.log.Error("read log failed", "operation", "ingest", "status", "error")
+			return fmt.Errorf("read log: %w", err)
+		}
+		stop, err := q.ingestLines(tx, &ing, c.Data, pos)
+		if err != nil {
+			return err
+		}
+		if stop >= 0 {
+			pos = stop
+			break
+		}
+		pos += int64(len(c.Data))
+		if c.Long {
+			if c.LongEnd < 0 {
+				break
+			}
+			q.quarantine(rel, pos, fmt.Errorf("line exceeds %d bytes", applog.MaxLine))
+			pos = c.LongEnd
+		} else if !c.More {
+			break
+		}
+		c, err = q.app.ReadLines(rel, pos)
 	}
-	if len(data) == 0 && reset == "" {
+	if pos == off && reset == "" {
 		return nil
 	}
-	now := q.opts.Now()
+	return logs.Put([]byte(rel), append(u64(uint64(pos)), u64(fino)...))
+}
+
+// ingestion is the state of one catch-up of a log (catchUp).
+type ingestion struct {
+	rel   string
+	fino  uint64 // the log's inode
+	known func(string) *prepared
+	reset logReset
+	moved map[string]bool // records found elsewhere in a reset log
+	now   time.Time
+}
+
+// ingestLines indexes the complete lines data of a log, read at offset
+// base, for catchUp. It returns -1, or the offset to stop at: a line of an
+// in-process Enqueue not registered yet is left, with what follows, to
+// that Enqueue's own catch-up.
+func (q *Queue) ingestLines(tx *bolt.Tx, ing *ingestion, data []byte, base int64) (int64, error) {
+	rel, known := ing.rel, ing.known
 	skip := tx.Bucket(bktSkip)
-	end := off + int64(len(data))
-	var moved map[string]bool // records found elsewhere in a reset log
-	for _, ln := range applog.Lines(data, off) {
+	for _, ln := range applog.Lines(data, base) {
 		var p *prepared
 		if known != nil {
-			if p = known(knownKey(rel, ln.Off)); p != nil && p.ino != fino {
+			if p = known(knownKey(rel, ln.Off)); p != nil && p.ino != ing.fino {
 				p = nil // appended to the file that was there before
 			}
 		}
@@ -565,8 +608,7 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared, m
 				// Stop at the line's start, after the newline before it
 				// (ln.Off is past the spaces it may start with): the
 				// stored offset always follows a newline.
-				end = off + int64(bytes.LastIndexByte(data[:ln.Off-off], '\n')+1)
-				break
+				return base + int64(bytes.LastIndexByte(data[:ln.Off-base], '\n')+1), nil
 			}
 			e, err := envelope.Parse(ln.Data)
 			if err != nil {
@@ -581,28 +623,28 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared, m
 				continue
 			}
 			env = e
-			if reset != "" {
-				if moved == nil {
-					moved = map[string]bool{}
+			if ing.reset != "" {
+				if ing.moved == nil {
+					ing.moved = map[string]bool{}
 				}
-				if err := q.relocate(tx, rel, ln, env, data, off, moved); err != nil {
-					return err
+				if err := q.relocate(tx, rel, ln, env, data, base, ing.moved); err != nil {
+					return 0, err
 				}
 			}
 		}
-		segs, at, seq := 0, now, uint64(0)
+		segs, at, seq := 0, ing.now, uint64(0)
 		if p != nil {
 			segs, at, seq = p.segs, p.at, p.seq
 		}
 		ok, err := q.indexRecord(tx, rel, ln.Off, len(ln.Data), env, segs, at, p != nil, seq)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if p == nil && ok {
 			q.m.ingested.Inc()
 		}
 	}
-	return logs.Put([]byte(rel), append(u64(uint64(end)), u64(fino)...))
+	return -1, nil
 }
 
 // logReset is why a log is indexed again from its start.
@@ -648,7 +690,8 @@ func (q *Queue) resetLog(tx *bolt.Tx, rel string, why logReset) error {
 // relocate moves the index entry of a record of log rel, read again after
 // a reset at line ln, to ln's offset when its place no longer holds the
 // same line (a log rewritten with some lines removed, or copied in another
-// order). data is what the reset read, from offset base. moved keeps the
+// order). data is what the reset read now, from offset base (a record
+// whose place lies outside it is compared with the file). moved keeps the
 // records already moved in this pass: the first copy of a record wins.
 func (q *Queue) relocate(tx *bolt.Tx, rel string, ln applog.Line, env *envelope.Envelope, data []byte, base int64, moved map[string]bool) error {
 	ek := envKey(env.TenantID, env.ID)
@@ -659,8 +702,15 @@ func (q *Queue) relocate(tx *bolt.Tx, rel string, ln applog.Line, env *envelope.
 	if err != nil || e == nil || e.Log != rel || e.Off == ln.Off {
 		return err
 	}
-	if at := e.Off - base; at >= 0 && at+int64(e.Len) <= int64(len(data)) && bytes.Equal(data[at:at+int64(e.Len)], ln.Data) {
-		return nil // still in place too
+	if at := e.Off - base; at >= 0 && at+int64(e.Len) <= int64(len(data)) {
+		if bytes.Equal(data[at:at+int64(e.Len)], ln.Data) {
+			return nil // still in place too
+		}
+	} else if e.Len == len(ln.Data) {
+		// Outside the part of the log read now: look at the file.
+		if b, err := applog.ReadAt(filepath.Join(q.dir, rel), e.Off, e.Len); err == nil && bytes.Equal(b, ln.Data) {
+			return nil
+		}
 	}
 	moved[string(ek)] = true
 	e.Off, e.Len = ln.Off, len(ln.Data)

@@ -25,9 +25,14 @@ const (
 	StatusDuplicate = "duplicate"
 )
 
+// MaxProblems is the most problems one invalid_envelope answer lists; past
+// it, a last problem (at the index of the first envelope whose problems
+// are not all shown) says how many more there were.
+const MaxProblems = 100
+
 // postEnvelopes enqueues one envelope (a JSON object) or a batch (an
-// array). Every envelope is parsed and validated first and every problem
-// reported; nothing is stored unless all are valid. 201 when at least one
+// array). Every envelope is parsed and validated first and its problems
+// reported (up to MaxProblems); nothing is stored unless all are valid. 201 when at least one
 // envelope was created, 200 when all were duplicates.
 func (a *api) postEnvelopes(w http.ResponseWriter, r *http.Request) error {
 	data, err := a.readBody(w, r)
@@ -40,16 +45,24 @@ func (a *api) postEnvelopes(w http.ResponseWriter, r *http.Request) error {
 	}
 	envs := make([]*envelope.Envelope, len(docs))
 	var invalid *apiError
+	more, moreAt := 0, 0 // problems past MaxProblems, and the envelope of the first
 	for i, doc := range docs {
 		e, err := envelope.Parse(doc)
 		var ve *envelope.ValidationError
 		switch {
 		case errors.As(err, &ve):
+			ps := invalidEnvelope(i, ve).Problems
 			if invalid == nil {
-				invalid = invalidEnvelope(i, ve)
-			} else {
-				invalid.Problems = append(invalid.Problems, invalidEnvelope(i, ve).Problems...)
+				invalid = invalidEnvelope(i, &envelope.ValidationError{})
 			}
+			if room := MaxProblems - len(invalid.Problems); len(ps) > room {
+				if more == 0 {
+					moreAt = i
+				}
+				more += len(ps) - room
+				ps = ps[:room]
+			}
+			invalid.Problems = append(invalid.Problems, ps...)
 		case err != nil:
 			return err
 		default:
@@ -57,6 +70,9 @@ func (a *api) postEnvelopes(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if invalid != nil {
+		if more > 0 {
+			invalid.Problems = append(invalid.Problems, Problem{Index: moreAt, Rule: strconv.Itoa(more) + " more problems not shown"})
+		}
 		return invalid
 	}
 	res, err := a.cfg.Store.Enqueue(r.Context(), envs...)
@@ -79,29 +95,79 @@ func (a *api) postEnvelopes(w http.ResponseWriter, r *http.Request) error {
 }
 
 // splitBody cuts a POST /v1/envelopes body into its envelope documents:
-// the object itself, or the elements of an array.
-func splitBody(data []byte) ([]json.RawMessage, error) {
+// the object itself, or the elements of an array, as parts of data (no
+// copy). An array is cut by one pass over its bytes that stops past
+// MaxBatch elements, before anything is decoded; each envelope's own
+// limits are envelope.Parse's (MaxEnvelopeBytes, MaxValues).
+func splitBody(data []byte) ([][]byte, error) {
 	data = bytes.TrimSpace(bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")))
 	if len(data) == 0 || !json.Valid(data) {
 		return nil, errBadJSON
 	}
 	switch data[0] {
 	case '{':
-		return []json.RawMessage{data}, nil
+		return [][]byte{data}, nil
 	case '[':
-		var docs []json.RawMessage
-		if err := json.Unmarshal(data, &docs); err != nil {
-			return nil, errBadJSON
+		docs, ok := arrayElements(data, MaxBatch)
+		if !ok {
+			return nil, badRequest("too many envelopes in one request (at most " + strconv.Itoa(MaxBatch) + ")")
 		}
 		if len(docs) == 0 {
 			return nil, badRequest("the array holds no envelopes")
 		}
-		if len(docs) > MaxBatch {
-			return nil, badRequest("too many envelopes in one request (at most " + strconv.Itoa(MaxBatch) + ")")
-		}
 		return docs, nil
 	}
 	return nil, errBadJSON
+}
+
+// arrayElements returns the elements of data, a valid JSON array, as parts
+// of it; false when it has more than most.
+func arrayElements(data []byte, most int) ([][]byte, bool) {
+	var out [][]byte
+	depth, start := 0, -1
+	inString, escaped := false, false
+	cut := func(end int) bool {
+		if el := bytes.TrimSpace(data[start:end]); len(el) > 0 {
+			if len(out) == most {
+				return false
+			}
+			out = append(out, el)
+		}
+		return true
+	}
+	for i, c := range data {
+		if inString {
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '[', '{':
+			if depth++; depth == 1 {
+				start = i + 1
+			}
+		case ']', '}':
+			if depth--; depth == 0 && !cut(i) {
+				return nil, false
+			}
+		case ',':
+			if depth == 1 {
+				if !cut(i) {
+					return nil, false
+				}
+				start = i + 1
+			}
+		}
+	}
+	return out, true
 }
 
 // getEnvelope answers the envelope's queue.EnvelopeStatus: its status,

@@ -24,6 +24,7 @@ const (
 	CodeBodyTooLarge      = "body_too_large"         // the body exceeds Config.MaxBody
 	CodeUnsupportedMedia  = "unsupported_media_type" // the body must be application/json
 	CodeUnavailable       = "unavailable"            // the store is closed or the request was cancelled
+	CodeOverloaded        = "overloaded"             // too many request bodies in flight (Config.MaxInflight): retry after Retry-After
 	CodeInternal          = "internal_error"         // anything unexpected (details are never returned)
 )
 

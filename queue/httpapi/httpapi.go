@@ -25,8 +25,9 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultMaxBody   = 1 << 20
-	DefaultSeamLease = 5 * time.Minute
+	DefaultMaxBody     = 1 << 20
+	DefaultMaxInflight = 16 << 20
+	DefaultSeamLease   = 5 * time.Minute
 	// MinTokenBytes is the shortest Config.Token New accepts.
 	MinTokenBytes = 16
 	// MaxBatch is the most envelopes one POST /v1/envelopes may carry.
@@ -47,6 +48,16 @@ type Config struct {
 	// MaxBody bounds request bodies (default DefaultMaxBody, 1 MiB); a
 	// larger body is answered 413 body_too_large.
 	MaxBody int64
+	// MaxInflight bounds the bytes of the request bodies being handled at
+	// once (default DefaultMaxInflight, 16 MiB; negative: no bound). A
+	// body counts its Content-Length (MaxBody when it has none), at least
+	// MinInflightWeight and at most MaxInflight, from before it is read
+	// until its answer is written; a request that does not fit is answered
+	// at once 503 overloaded with Retry-After, without reading its body.
+	// What a request allocates is about proportional to its body (see
+	// envelope.MaxValues), so this bounds the memory of the requests in
+	// flight.
+	MaxInflight int64
 	// Logger receives the handler's logs (default slog.Default() with
 	// component=httpapi). Logs carry the route pattern, the status, a
 	// request id and error types, never ids, addresses or bodies.
@@ -78,11 +89,21 @@ type api struct {
 	tokenKey []byte // random key of the token HMAC
 	tokenMAC []byte // HMAC of the configured token under tokenKey
 	leases   *leaseCache
+	inflight inflight // the bytes of request bodies in flight
 }
 
 // New returns the HTTP handler of the API described in the package
 // documentation. It fails when the Config is unusable.
 func New(cfg Config) (http.Handler, error) {
+	a, err := newAPI(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return a.mux, nil
+}
+
+// newAPI builds the handler's state with its routes.
+func newAPI(cfg Config) (*api, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("httpapi: Config.Store is required")
 	}
@@ -91,6 +112,9 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.MaxInflight == 0 {
+		cfg.MaxInflight = DefaultMaxInflight
 	}
 	if cfg.SeamLease <= 0 {
 		cfg.SeamLease = DefaultSeamLease
@@ -101,7 +125,8 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default().With("component", "httpapi")
 	}
-	a := &api{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), leases: newLeaseCache(maxSeamLeases)}
+	a := &api{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), leases: newLeaseCache(maxSeamLeases),
+		inflight: inflight{limit: cfg.MaxInflight}}
 	if cfg.Token != "" {
 		a.tokenKey = make([]byte, 32)
 		if _, err := rand.Read(a.tokenKey); err != nil {
@@ -110,7 +135,7 @@ func New(cfg Config) (http.Handler, error) {
 		a.tokenMAC = a.macToken(cfg.Token)
 	}
 	a.routes()
-	return a.mux, nil
+	return a, nil
 }
 
 // access says who may call a route.
@@ -183,6 +208,13 @@ func (a *api) handle(pattern string, acc access, h handlerFunc) {
 			sw.Header().Set("WWW-Authenticate", `Bearer realm="outbox"`)
 			writeError(sw, errUnauthorized)
 			return
+		}
+		if n := a.bodyWeight(r); n > 0 {
+			if !a.inflight.acquire(n) {
+				a.overloaded(sw, pattern, rid)
+				return
+			}
+			defer a.inflight.release(n)
 		}
 		if err := h(sw, r); err != nil {
 			a.fail(sw, pattern, rid, err)
@@ -308,9 +340,22 @@ func writeText(w http.ResponseWriter, status int, s string) {
 }
 
 // readBody reads the whole request body, at most Config.MaxBody bytes
-// (an *http.MaxBytesError beyond).
+// (an *http.MaxBytesError beyond, before anything is read when the
+// Content-Length says so). A body of known length is read into one buffer
+// of that length.
 func (a *api) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	return io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxBody))
+	if r.ContentLength > a.cfg.MaxBody {
+		return nil, &http.MaxBytesError{Limit: a.cfg.MaxBody}
+	}
+	body := http.MaxBytesReader(w, r.Body, a.cfg.MaxBody)
+	if r.ContentLength <= 0 {
+		return io.ReadAll(body)
+	}
+	buf := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(body, buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
 }
 
 // decodeJSON decodes a body holding exactly one JSON value into v,

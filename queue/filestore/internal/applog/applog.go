@@ -33,6 +33,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/outboxhq/outbox/envelope"
 	"golang.org/x/sys/unix"
 )
 
@@ -149,15 +150,18 @@ type group struct {
 	pinned bool          // directory entries still to sync: never forgotten
 
 	// wmu is held for writing around every write into the file (with
-	// what the writer learns of it) and for reading by ReadComplete and
+	// what the writer learns of it) and for reading by ReadLines and
 	// Settled: they see the log either before a write or after it, with
 	// seen updated.
 	wmu sync.RWMutex
-	// seen is what the last write or ReadComplete learned (g.mu): while
+	// seen is what the last write or ReadLines learned (g.mu): while
 	// the file (seenIno) has size seen.size, no newline lies at or after
 	// seen.end.
 	seen    tail
 	seenIno uint64
+	// long is the line longer than MaxLine, without a newline yet, that
+	// ReadLines last met in the log, and how far it searched it (g.mu).
+	long longLine
 	// dirs this appender created entries in when it created the log; they
 	// are synced after the first append, before it is reported durable.
 	dirs []string
@@ -481,7 +485,7 @@ func (g *group) known(size int64, ino uint64) int64 {
 }
 
 // Settled reports whether the log at rel is still as this appender's last
-// write into it (or ReadComplete of it) left it: no other process appended
+// write into it (or ReadLines of it) left it: no other process appended
 // since. Its complete lines are then known to the caller already: those it
 // read, and those it wrote (which their writer indexes).
 func (a *Appender) Settled(rel string) bool {
@@ -499,21 +503,30 @@ func (a *Appender) Settled(rel string) bool {
 	return err == nil && g.known(size, ino) >= 0
 }
 
-// ReadComplete reads the log at rel from offset off up to and including its
-// last complete line, like the package's ReadComplete, but never while this
-// appender writes into the log, and without reading again what it knows to
-// hold no complete line (a torn tail, or an older build's padding, that it
-// read before).
-func (a *Appender) ReadComplete(rel string, off int64) ([]byte, error) {
+// ReadLines reads the log at rel from offset off like the package's
+// ReadLines, but never while this appender writes into the log, without
+// reading again what it knows to hold no complete line (a torn tail, an
+// older build's padding, a line longer than MaxLine that has no newline
+// yet), and without searching such a long line again from its start: the
+// search goes on where the last one stopped.
+func (a *Appender) ReadLines(rel string, off int64) (Chunk, error) {
 	g := a.group(rel)
 	defer a.put(g)
 	g.wmu.RLock()
 	defer g.wmu.RUnlock()
-	b, size, ino, known, err := readLog(filepath.Join(a.dir, rel), off, g.known)
-	if err == nil && !known && size >= off {
-		g.learn(tail{off + int64(len(b)), size}, ino)
+	g.mu.Lock()
+	long := g.long
+	g.mu.Unlock()
+	c, size, ino, known, err := readLines(filepath.Join(a.dir, rel), off, g.known, &long)
+	g.mu.Lock()
+	g.long = long
+	g.mu.Unlock()
+	if err == nil && !known && size >= off && !c.More && (!c.Long || c.LongEnd < 0) {
+		// No newline lies past the complete lines read (an unfinished
+		// long line has none either).
+		g.learn(tail{off + int64(len(c.Data)), size}, ino)
 	}
-	return b, err
+	return c, err
 }
 
 // Close closes every cached descriptor.
@@ -724,38 +737,81 @@ type tail struct{ end, size int64 }
 
 var unknownTail = tail{-1, -1}
 
-// ReadComplete reads the log at path from offset off up to and including
-// its last complete line. It returns the bytes read (possibly empty). A
-// missing file reads as empty.
-func ReadComplete(path string, off int64) ([]byte, error) {
-	b, _, _, _, err := readLog(path, off, nil)
-	return b, err
+// MaxLine is the longest log line a reader takes, in bytes without its
+// newline: the largest envelope (envelope.MaxEnvelopeBytes, which bounds
+// the encoding a store appends too) and a margin for the spaces an older
+// build's reserve may have left before a record (at most 16 KiB) and a
+// '\r'. A longer line is never read into memory: a reader skips past its
+// newline (ReadLines reports it), and the store quarantines it.
+const MaxLine = envelope.MaxEnvelopeBytes + 64<<10
+
+// readWindow is the most one ReadLines returns, at least MaxLine+1 so that
+// a line no longer than MaxLine always fits.
+const readWindow = 2 * MaxLine
+
+// scanChunk is the buffer with which the newline of a line longer than
+// MaxLine is searched.
+const scanChunk = 64 << 10
+
+// Chunk is what ReadLines read of a log from the offset it was given.
+type Chunk struct {
+	// Data is complete lines (each ending in its newline, none longer
+	// than MaxLine) from the offset, possibly none.
+	Data []byte
+	// More says that complete lines follow Data: read again from the
+	// offset plus len(Data).
+	More bool
+	// Long says that a line longer than MaxLine starts right after Data.
+	// Its bytes are not read; LongEnd is the offset just past its newline,
+	// or -1 while it has none (an append in progress or a writer that
+	// died: nothing after it is complete until it ends).
+	Long    bool
+	LongEnd int64
 }
 
-// readLog reads the log at path like ReadComplete, but only up to where
-// known, when given, says the complete lines end for the size and inode it
-// finds (-1: unknown; then known reports false). A missing log reads as
+// longLine is a line longer than MaxLine without a newline, in the file
+// of inode ino, from start: searched for its newline up to scanned.
+type longLine struct {
+	ino            uint64
+	start, scanned int64
+}
+
+// ReadLines reads the log at path from offset off: its complete lines, at
+// most readWindow bytes of them (More says when more follow), and whether
+// a line longer than MaxLine follows them (Long, LongEnd). A missing file
+// reads as empty. It holds at most readWindow bytes in memory, however
+// long a line is.
+func ReadLines(path string, off int64) (Chunk, error) {
+	c, _, _, _, err := readLines(path, off, nil, nil)
+	return c, err
+}
+
+// readLines is ReadLines, reading only up to where known, when given, says
+// the complete lines end for the size and inode it finds (-1: unknown;
+// then known reports false), and with long, when not nil, the long line
+// met last (updated: the one met now, or none). A missing log reads as
 // empty, with size -1.
-func readLog(path string, off int64, known func(size int64, ino uint64) int64) (b []byte, size int64, ino uint64, wasKnown bool, err error) {
+func readLines(path string, off int64, known func(size int64, ino uint64) int64, long *longLine) (c Chunk, size int64, ino uint64, wasKnown bool, err error) {
+	c.LongEnd = -1
 	if known != nil {
 		// A log known to hold nothing complete past off is not even
 		// opened (a rescan of many logs).
 		if size, ino, err := PathSize(path); err == nil {
 			if e := known(size, ino); e >= 0 && e <= off {
-				return nil, size, ino, true, nil
+				return c, size, ino, true, nil
 			}
 		}
 	}
 	f, err := openFile(path, unix.O_RDONLY, 0)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, -1, 0, false, nil
+			return c, -1, 0, false, nil
 		}
-		return nil, 0, 0, false, err
+		return c, 0, 0, false, err
 	}
 	defer f.Close()
 	if size, ino, err = fileSize(f); err != nil {
-		return nil, 0, 0, false, err
+		return c, 0, 0, false, err
 	}
 	end := size
 	if known != nil {
@@ -763,24 +819,103 @@ func readLog(path string, off int64, known func(size int64, ino uint64) int64) (
 			end, wasKnown = e, true
 		}
 	}
-	b, err = readComplete(f, off, end)
-	return b, size, ino, wasKnown, err
+	var mem longLine
+	if long == nil {
+		long = &mem
+	}
+	c, err = readChunk(f, off, end, ino, long)
+	return c, size, ino, wasKnown, err
 }
 
-// readComplete reads f from off up to (not past) end and cuts what it read
-// after its last newline.
-func readComplete(f *os.File, off, end int64) ([]byte, error) {
+// readChunk reads f from off up to (not past) end, as ReadLines. long is
+// the long line met last in f (ino: its inode); the search for its
+// newline goes on where it stopped when it is still there: f is the same
+// file, at least as long, and the lines before it end where it starts.
+func readChunk(f *os.File, off, end int64, ino uint64, long *longLine) (Chunk, error) {
+	c := Chunk{LongEnd: -1}
 	if end <= off {
-		return nil, nil
+		return c, nil
 	}
-	buf := make([]byte, end-off)
-	n, err := f.ReadAt(buf, off)
+	resume := long.ino == ino && long.start >= off && long.start < end && long.start-off <= readWindow &&
+		long.scanned >= long.start && long.scanned <= end
+	n := min(end-off, readWindow)
+	if resume {
+		n = long.start - off
+	} else {
+		*long = longLine{}
+	}
+	buf := make([]byte, n)
+	got, err := f.ReadAt(buf, off)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, err
+		return c, err
 	}
-	buf = buf[:n]
-	i := bytes.LastIndexByte(buf, '\n')
-	return buf[:i+1], nil
+	buf = buf[:got]
+	if resume && (int64(got) != n || (n > 0 && buf[n-1] != '\n')) {
+		// Not the file the long line was met in any more.
+		*long = longLine{}
+		return readChunk(f, off, end, ino, long)
+	}
+	// The complete lines, up to one longer than MaxLine.
+	i := 0
+	for {
+		j := bytes.IndexByte(buf[i:], '\n')
+		if j < 0 {
+			break
+		}
+		if j > MaxLine {
+			c.Data, c.Long, c.LongEnd = buf[:i], true, off+int64(i+j+1)
+			return c, nil
+		}
+		i += j + 1
+	}
+	c.Data = buf[:i]
+	start := off + int64(i) // of what follows the last newline
+	switch {
+	case resume:
+		// buf ends where the long line starts.
+	case int64(len(buf)-i) > MaxLine:
+		// A line longer than MaxLine starts there, and has no newline in
+		// buf: search the rest of the file.
+		*long = longLine{ino: ino, start: start, scanned: off + int64(len(buf))}
+	case off+int64(len(buf)) < end:
+		c.More = true
+		return c, nil
+	default:
+		return c, nil // an unfinished line (no longer than MaxLine), or nothing
+	}
+	c.Long = true
+	at, err := scanNewline(f, long.scanned, end)
+	if err != nil {
+		return Chunk{LongEnd: -1}, err
+	}
+	if at < 0 {
+		long.scanned = end
+		return c, nil
+	}
+	*long = longLine{}
+	c.LongEnd = at + 1
+	return c, nil
+}
+
+// scanNewline returns the offset of the first newline of f in [from, end),
+// or -1, reading scanChunk bytes at a time.
+func scanNewline(f *os.File, from, end int64) (int64, error) {
+	buf := make([]byte, scanChunk)
+	for at := from; at < end; {
+		b := buf[:min(end-at, int64(len(buf)))]
+		n, err := f.ReadAt(b, at)
+		if i := bytes.IndexByte(b[:n], '\n'); i >= 0 {
+			return at + int64(i), nil
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return -1, nil
+			}
+			return 0, err
+		}
+		at += int64(n)
+	}
+	return -1, nil
 }
 
 // NothingPast reports whether f holds no record from off to its end: the
