@@ -24,9 +24,12 @@
 //   - The payload is copied for each send (webpush-go v1.4.0 writes its
 //     padding into the caller's buffer).
 //   - Endpoints must be https URLs of public hosts: the host is resolved and
-//     every address checked (no loopback, private, link-local, multicast or
-//     shared addresses), and the default HTTP client checks the address
-//     again when it connects and follows no redirects.
+//     every address checked against IANA's IPv4 and IPv6 special-purpose
+//     registries (loopback, private, link-local, shared, documentation,
+//     benchmarking, reserved, multicast, …; an IPv4-mapped, NAT64 or 6to4
+//     address by the IPv4 address it embeds), and the default HTTP client
+//     checks the address again when it connects. No client follows
+//     redirects, a caller's included.
 //     Options.AllowInsecureEndpoints lifts this for tests.
 //
 // # Outcomes
