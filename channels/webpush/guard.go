@@ -198,5 +198,6 @@ func guardedClient() *http.Client {
 
 // noRedirect makes a client return a redirect response instead of following
 // it (a push service does not redirect; following one could reach an
-// internal address).
+// internal address, or hand the VAPID authorization to another host). Every
+// client the provider uses has it, a caller's included.
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
