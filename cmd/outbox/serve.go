@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxhq/outbox/channels/resend"
+	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore"
 	"github.com/outboxhq/outbox/queue/httpapi"
@@ -112,7 +114,8 @@ DATA/sink) unless --no-sink.
 Secrets come only from the environment (or NAME_FILE paths), never flags:
   INTERNAL_OUTBOX_TOKEN      bearer token for /v1 and /internal (required off loopback)
   OUTBOX_VAPID_PUBLIC_KEY, OUTBOX_VAPID_PRIVATE_KEY   Web Push (with --vapid-subject)
-  RESEND_API_KEY             email (with --email-from); RESEND_WEBHOOK_SECRET for /webhooks/resend
+  RESEND_API_KEY             email (with --email-from)
+  RESEND_WEBHOOK_SECRET      serves POST /webhooks/resend (with or without RESEND_API_KEY)
   OUTBOX_TELEGRAM_TOKEN      telegram
 
 Flags:
@@ -164,6 +167,13 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	defer a.close()
 	for _, d := range a.described {
 		log.Info("channel "+d, "operation", "serve")
+	}
+	if a.webhook != nil {
+		if _, viaResend := a.providers[envelope.ChannelEmail].(*resend.Provider); viaResend {
+			log.Info("resend webhook: POST /webhooks/resend (bounces and complaints suppress addresses)", "operation", "serve")
+		} else {
+			log.Info("resend webhook: POST /webhooks/resend (bounces and complaints suppress addresses); RESEND_API_KEY is not set, so this daemon sends no e-mail through Resend and polls no bounces", "operation", "serve")
+		}
 	}
 
 	api, err := httpapi.New(httpapi.Config{
