@@ -284,15 +284,50 @@ func newHTTPServer(h http.Handler) *http.Server {
 }
 
 // listenOperator listens on DATA/outbox.sock with mode 0600: only the data
-// directory's owner can connect, which is the socket's authentication.
+// directory's owner can connect, which is the socket's authentication. A
+// stale socket is removed; a symbolic link or any other file under that
+// name is refused, never followed or replaced. The mode comes from the
+// umask at bind(2) and is checked with lstat (a chmod by name would follow
+// a link put in the socket's place).
 func listenOperator(dir string) (net.Listener, error) {
 	path := filepath.Join(dir, SocketName)
-	_ = os.Remove(path)
+	switch fi, err := os.Lstat(path); {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("operator socket: %w", err)
+	case fi.Mode()&os.ModeSymlink != 0:
+		return nil, fmt.Errorf("operator socket: %w", errSocketLink(path))
+	case fi.Mode()&os.ModeSocket == 0:
+		return nil, fmt.Errorf("operator socket: %s exists and is not a socket: remove it", path)
+	default:
+		_ = os.Remove(path) // a stale socket of an earlier serve
+	}
 	old := syscall.Umask(0o177)
 	ln, err := net.Listen("unix", path)
 	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("operator socket: %w", err)
 	}
-	return ln, os.Chmod(path, 0o600)
+	if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm()&0o077 != 0 {
+		ln.Close()
+		return nil, fmt.Errorf("operator socket: %s is not the socket just created with mode 0600", path)
+	}
+	return ln, nil
+}
+
+// errSocketLink is the refusal of an operator socket path that is a
+// symbolic link.
+func errSocketLink(path string) error {
+	return fmt.Errorf("%s is a symbolic link: outbox never follows links inside its data directory (remove it)", path)
+}
+
+// operatorSocket returns the path of dir's operator socket for a client
+// to dial, or an error when that path is a symbolic link: a link could
+// lead the operator commands to another store's daemon, or anywhere.
+func operatorSocket(dir string) (string, error) {
+	path := filepath.Join(dir, SocketName)
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		return "", errSocketLink(path)
+	}
+	return path, nil
 }
