@@ -30,6 +30,7 @@
 //	401, 403                               permanent  auth_failed
 //	451                                    permanent  invalid_request
 //	5xx                                    retryable  provider_unavailable
+//	3xx (a redirect is never followed)     retryable  provider_unavailable
 //	no answer                              retryable  timeout | network_error | interrupted
 //
 // Resend's message text is never kept: returned errors, receipts and logs

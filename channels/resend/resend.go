@@ -118,7 +118,9 @@ type Options struct {
 	// at a local server.
 	BaseURL string
 	// HTTPClient is the client to use; default one with DefaultTimeout. The
-	// provider uses a copy whose transport records each response's status.
+	// provider uses a copy whose transport records each response's status
+	// and whose CheckRedirect refuses every redirect (the API key never
+	// goes to where a 3xx points; the answer is a provider error).
 	HTTPClient *http.Client
 	// Logger receives operational logs (statuses and classes only); default
 	// slog.Default().
@@ -209,6 +211,10 @@ func New(opts Options) (*Provider, error) {
 	} else {
 		hc.Timeout = DefaultTimeout
 	}
+	// Never follow a redirect: resend-go would resend the request, API key
+	// and all, wherever the answer points (a 3xx is classified as a
+	// provider error instead).
+	hc.CheckRedirect = noRedirect
 	base2 := hc.Transport
 	if base2 == nil {
 		base2 = http.DefaultTransport

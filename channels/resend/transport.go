@@ -35,6 +35,10 @@ func withExchange(ctx context.Context, x *exchange) context.Context {
 	return context.WithValue(ctx, exchangeKey{}, x)
 }
 
+// noRedirect makes the client return a redirect answer instead of
+// following it.
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
 // capturingTransport records the status, headers and parsed error body of
 // every response into the exchange found in the request's context. Requests
 // without one pass through untouched.

@@ -33,6 +33,7 @@
 //	other 403                           permanent (invalid_recipient)
 //	401, 404 (a bad token)              permanent (auth_failed)
 //	5xx, network errors, timeouts       retryable (provider_unavailable, network_error, timeout)
+//	3xx (a redirect is never followed)  retryable (provider_unavailable)
 //
 // Telegram has no idempotency key: a request that timed out may or may not
 // have been delivered, and a redelivery can duplicate it. So
@@ -102,7 +103,9 @@ type Options struct {
 	// it at a local server.
 	BaseURL string
 	// HTTPClient sends the requests; nil means a client with
-	// DefaultRequestTimeout.
+	// DefaultRequestTimeout. Either is used through a copy whose
+	// CheckRedirect refuses every redirect (a 3xx answer is a provider
+	// error, never followed).
 	HTTPClient *http.Client
 	// Logger receives one record per request (status, error code and class
 	// only); nil means slog.Default().
@@ -158,10 +161,17 @@ func New(opts Options) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	client := opts.HTTPClient
-	if client == nil {
+	// A copy of the caller's client (or the default one) that never
+	// follows a redirect: the token is in the request's path, and a
+	// redirect must not take the request anywhere else.
+	var client *http.Client
+	if opts.HTTPClient != nil {
+		c := *opts.HTTPClient
+		client = &c
+	} else {
 		client = &http.Client{Timeout: DefaultRequestTimeout}
 	}
+	client.CheckRedirect = noRedirect
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
@@ -176,6 +186,10 @@ func New(opts Options) (*Provider, error) {
 		noPreview: opts.DisableWebPagePreview,
 	}, nil
 }
+
+// noRedirect makes the client return a redirect answer instead of
+// following it.
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // limits applies the defaults to one limit and burst and checks them.
 func limits(name string, l rate.Limit, burst int, defLimit rate.Limit, defBurst int) (rate.Limit, int, error) {

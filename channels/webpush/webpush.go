@@ -24,9 +24,12 @@
 //   - The payload is copied for each send (webpush-go v1.4.0 writes its
 //     padding into the caller's buffer).
 //   - Endpoints must be https URLs of public hosts: the host is resolved and
-//     every address checked (no loopback, private, link-local, multicast or
-//     shared addresses), and the default HTTP client checks the address
-//     again when it connects and follows no redirects.
+//     every address checked against IANA's IPv4 and IPv6 special-purpose
+//     registries (loopback, private, link-local, shared, documentation,
+//     benchmarking, reserved, multicast, …; an IPv4-mapped, NAT64 or 6to4
+//     address by the IPv4 address it embeds), and the default HTTP client
+//     checks the address again when it connects. No client follows
+//     redirects, a caller's included.
 //     Options.AllowInsecureEndpoints lifts this for tests.
 //
 // # Outcomes
@@ -38,6 +41,7 @@
 //	400, other 4xx permanent (invalid_request)
 //	401, 403       permanent (auth_failed); an operator hint is logged
 //	5xx            retryable (provider_unavailable)
+//	3xx            retryable (provider_unavailable); a redirect is never followed
 //	network error  retryable (network_error, or timeout)
 //
 // # Reconciliation
@@ -121,8 +125,10 @@ type Options struct {
 	RecordSize int
 	// HTTPClient sends the requests. nil means a client that dials only
 	// public addresses, follows no redirects, uses no proxy and times out
-	// after DefaultRequestTimeout. A caller's client is used as is (the
-	// endpoint's addresses are still checked before each send).
+	// after DefaultRequestTimeout. A caller's client is used through a
+	// copy whose CheckRedirect refuses every redirect (a 3xx answer is a
+	// provider error, never followed); the endpoint's addresses are still
+	// checked before each send.
 	HTTPClient *http.Client
 	// Logger receives one record per delivery (status and error class
 	// only). nil means slog.Default().
@@ -174,13 +180,18 @@ func New(opts Options) (*Provider, error) {
 	if rs < MinRecordSize || rs > MaxRecordSize {
 		return nil, fmt.Errorf("webpush: Options.RecordSize must be between %d and %d (0 = %d)", MinRecordSize, MaxRecordSize, DefaultRecordSize)
 	}
-	client := opts.HTTPClient
-	if client == nil {
-		if opts.AllowInsecureEndpoints {
-			client = &http.Client{Timeout: DefaultRequestTimeout, CheckRedirect: noRedirect}
-		} else {
-			client = guardedClient()
-		}
+	var client *http.Client
+	switch {
+	case opts.HTTPClient != nil:
+		// A copy that never follows a redirect, whatever the caller's
+		// client would do.
+		c := *opts.HTTPClient
+		c.CheckRedirect = noRedirect
+		client = &c
+	case opts.AllowInsecureEndpoints:
+		client = &http.Client{Timeout: DefaultRequestTimeout, CheckRedirect: noRedirect}
+	default:
+		client = guardedClient()
 	}
 	log := opts.Logger
 	if log == nil {

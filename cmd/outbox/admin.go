@@ -104,7 +104,11 @@ func isOpenFailure(rep *filestore.Report) bool {
 // would then check a store that had already caught up with a truncated or
 // replaced log instead of reporting it.
 func socketUp(dir string) bool {
-	conn, err := net.DialTimeout("unix", filepath.Join(dir, SocketName), time.Second)
+	path, err := operatorSocket(dir)
+	if err != nil {
+		return false // a link: never dialled (opening the store then meets the lock of a running serve)
+	}
+	conn, err := net.DialTimeout("unix", path, time.Second)
 	if err != nil {
 		return false
 	}

@@ -112,9 +112,15 @@ func buildApp(e *env, c appConfig) (*app, error) {
 		a.vapidPub = keys.Public
 	}
 
-	// Email: RESEND_API_KEY + from.
+	// Email: RESEND_API_KEY + from. The webhook needs only its secret
+	// and the store: it is served with or without the API key (an
+	// external worker on the seam may send through Resend itself, and
+	// its bounces and complaints still suppress the addresses here).
 	var email *resend.Provider
-	var whSecret string
+	whSecret, err := secret(e, "RESEND_WEBHOOK_SECRET")
+	if err != nil {
+		return fail(err)
+	}
 	if apiKey, err := resend.APIKeyFromEnv(e.Getenv); err == nil {
 		if c.EmailFrom == "" {
 			return fail(errors.New("email: RESEND_API_KEY is set but --email-from (OUTBOX_EMAIL_FROM) is not"))
@@ -127,9 +133,6 @@ func buildApp(e *env, c appConfig) (*app, error) {
 			return fail(err)
 		}
 		a.providers[envelope.ChannelEmail] = email
-		if whSecret, err = secret(e, "RESEND_WEBHOOK_SECRET"); err != nil {
-			return fail(err)
-		}
 	} else if e.Getenv(resend.EnvAPIKey) != "" || e.Getenv(resend.EnvAPIKeyFile) != "" {
 		return fail(err)
 	}
@@ -172,17 +175,15 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	if email != nil {
-		if c.ResendPoll > 0 {
-			a.poller, err = resend.NewPoller(email, a.q, resend.PollerOptions{Interval: c.ResendPoll, Cursor: resend.FileCursor(filepath.Join(c.Data, "resend.cursor")), Logger: c.Logger})
-			if err != nil {
-				return fail(err)
-			}
+	if email != nil && c.ResendPoll > 0 {
+		a.poller, err = resend.NewPoller(email, a.q, resend.PollerOptions{Interval: c.ResendPoll, Cursor: resend.FileCursor(filepath.Join(c.Data, "resend.cursor")), Logger: c.Logger})
+		if err != nil {
+			return fail(err)
 		}
-		if whSecret != "" {
-			if a.webhook, err = resend.NewWebhookHandler(whSecret, a.q, resend.WebhookOptions{Logger: c.Logger}); err != nil {
-				return fail(err)
-			}
+	}
+	if whSecret != "" {
+		if a.webhook, err = resend.NewWebhookHandler(whSecret, a.q, resend.WebhookOptions{Logger: c.Logger}); err != nil {
+			return fail(fmt.Errorf("RESEND_WEBHOOK_SECRET: %w", err))
 		}
 	}
 	if len(a.providers) == 0 {

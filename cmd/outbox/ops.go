@@ -219,7 +219,10 @@ func (s *socketBackend) Close() error { return nil }
 // openBackend reaches the daemon when its socket answers, else opens the
 // store in dir.
 func openBackend(dir string) (backend, func(), error) {
-	path := filepath.Join(dir, SocketName)
+	path, err := operatorSocket(dir)
+	if err != nil {
+		return nil, nil, err
+	}
 	if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		conn.Close()
 		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

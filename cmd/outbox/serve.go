@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxhq/outbox/channels/resend"
+	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore"
 	"github.com/outboxhq/outbox/queue/httpapi"
@@ -114,7 +116,8 @@ DATA/sink) unless --no-sink.
 Secrets come only from the environment (or NAME_FILE paths), never flags:
   INTERNAL_OUTBOX_TOKEN      bearer token for /v1 and /internal (required off loopback)
   OUTBOX_VAPID_PUBLIC_KEY, OUTBOX_VAPID_PRIVATE_KEY   Web Push (with --vapid-subject)
-  RESEND_API_KEY             email (with --email-from); RESEND_WEBHOOK_SECRET for /webhooks/resend
+  RESEND_API_KEY             email (with --email-from)
+  RESEND_WEBHOOK_SECRET      serves POST /webhooks/resend (with or without RESEND_API_KEY)
   OUTBOX_TELEGRAM_TOKEN      telegram
 
 Flags:
@@ -166,6 +169,13 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	defer a.close()
 	for _, d := range a.described {
 		log.Info("channel "+d, "operation", "serve")
+	}
+	if a.webhook != nil {
+		if _, viaResend := a.providers[envelope.ChannelEmail].(*resend.Provider); viaResend {
+			log.Info("resend webhook: POST /webhooks/resend (bounces and complaints suppress addresses)", "operation", "serve")
+		} else {
+			log.Info("resend webhook: POST /webhooks/resend (bounces and complaints suppress addresses); RESEND_API_KEY is not set, so this daemon sends no e-mail through Resend and polls no bounces", "operation", "serve")
+		}
 	}
 
 	api, err := httpapi.New(httpapi.Config{
@@ -276,15 +286,50 @@ func newHTTPServer(h http.Handler) *http.Server {
 }
 
 // listenOperator listens on DATA/outbox.sock with mode 0600: only the data
-// directory's owner can connect, which is the socket's authentication.
+// directory's owner can connect, which is the socket's authentication. A
+// stale socket is removed; a symbolic link or any other file under that
+// name is refused, never followed or replaced. The mode comes from the
+// umask at bind(2) and is checked with lstat (a chmod by name would follow
+// a link put in the socket's place).
 func listenOperator(dir string) (net.Listener, error) {
 	path := filepath.Join(dir, SocketName)
-	_ = os.Remove(path)
+	switch fi, err := os.Lstat(path); {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("operator socket: %w", err)
+	case fi.Mode()&os.ModeSymlink != 0:
+		return nil, fmt.Errorf("operator socket: %w", errSocketLink(path))
+	case fi.Mode()&os.ModeSocket == 0:
+		return nil, fmt.Errorf("operator socket: %s exists and is not a socket: remove it", path)
+	default:
+		_ = os.Remove(path) // a stale socket of an earlier serve
+	}
 	old := syscall.Umask(0o177)
 	ln, err := net.Listen("unix", path)
 	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("operator socket: %w", err)
 	}
-	return ln, os.Chmod(path, 0o600)
+	if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm()&0o077 != 0 {
+		ln.Close()
+		return nil, fmt.Errorf("operator socket: %s is not the socket just created with mode 0600", path)
+	}
+	return ln, nil
+}
+
+// errSocketLink is the refusal of an operator socket path that is a
+// symbolic link.
+func errSocketLink(path string) error {
+	return fmt.Errorf("%s is a symbolic link: outbox never follows links inside its data directory (remove it)", path)
+}
+
+// operatorSocket returns the path of dir's operator socket for a client
+// to dial, or an error when that path is a symbolic link: a link could
+// lead the operator commands to another store's daemon, or anywhere.
+func operatorSocket(dir string) (string, error) {
+	path := filepath.Join(dir, SocketName)
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		return "", errSocketLink(path)
+	}
+	return path, nil
 }

@@ -194,6 +194,9 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 	if q, err := ReadQuarantine(dir); err == nil {
 		rep.Quarantined = len(q)
 	}
+	for _, p := range linkProblems(dir) {
+		bad("%s", p)
+	}
 	return rep, nil
 }
 
@@ -213,6 +216,9 @@ func checkLog(dir, rel string, v []byte, unindexed *int64) string {
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return fmt.Sprintf("log %s: deleted (%v); %s", rel, err, hintRecordsLost)
+		}
+		if errors.Is(err, ErrSymlink) {
+			return "" // listed with every other link (linkProblems)
 		}
 		return fmt.Sprintf("log %s: %v", rel, err)
 	}

@@ -154,6 +154,9 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 			}
 			q.unregister(items)
 			q.m.enqueueErrors.Inc()
+			if errors.Is(err, ErrSymlink) {
+				q.reportLink(rel, err)
+			}
 			return nil, fmt.Errorf("enqueue: append to log: %w", err)
 		}
 		done = append(done, written{rel, start, start + int64(len(buf))})
@@ -411,6 +414,11 @@ func (q *Queue) listLogs() ([]string, error) {
 		return nil, err
 	}
 	for _, t := range tenants {
+		if isLink(t) {
+			// Never followed: skipped and reported (doctor lists it).
+			q.reportLink(filepath.Join(applog.Dir, t.Name()), nil)
+			continue
+		}
 		if !t.IsDir() {
 			continue
 		}
@@ -419,9 +427,15 @@ func (q *Queue) listLogs() ([]string, error) {
 			continue
 		}
 		for _, f := range files {
-			if !f.IsDir() && filepath.Ext(f.Name()) == applog.Ext {
-				out = append(out, filepath.Join(applog.Dir, t.Name(), f.Name()))
+			if f.IsDir() || filepath.Ext(f.Name()) != applog.Ext {
+				continue
 			}
+			rel := filepath.Join(applog.Dir, t.Name(), f.Name())
+			if isLink(f) {
+				q.reportLink(rel, nil)
+				continue
+			}
+			out = append(out, rel)
 		}
 	}
 	sort.Strings(out)
@@ -496,6 +510,12 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared, m
 		if errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
+		if errors.Is(err, ErrSymlink) {
+			// Never followed: skipped, and reported, without failing the
+			// other logs' catch-up.
+			q.reportLink(rel, err)
+			return nil
+		}
 		return fmt.Errorf("stat log: %w", err)
 	}
 	switch {
@@ -532,6 +552,11 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared, m
 	pos := off
 	ing := ingestion{rel: rel, fino: fino, known: known, reset: reset, now: q.opts.Now()}
 	for {
+		if errors.Is(err, ErrSymlink) {
+			// Its tenant directory is a link (caught when it is opened).
+			q.reportLink(rel, err)
+			return nil
+		}
 		if err != nil {
 			q.log.Error("read log failed", "operation", "ingest", "status", "error")
 			return fmt.Errorf("read log: %w", err)
@@ -788,7 +813,7 @@ func (q *Queue) quarantine(rel string, off int64, reason error) {
 	rec := QuarantineRecord{Log: rel, Offset: off, Reason: reason.Error(), At: q.opts.Now().UTC()}
 	line, _ := json.Marshal(rec)
 	path := filepath.Join(q.dir, rel+applog.QuarantineExt)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	f, err := applog.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		q.log.Error("write quarantine failed", "operation", "ingest", "status", "error")
 		return
@@ -821,7 +846,10 @@ func ReadQuarantine(dir string) ([]QuarantineRecord, error) {
 	sort.Strings(files)
 	var out []QuarantineRecord
 	for _, f := range files {
-		b, err := os.ReadFile(f)
+		b, err := readNoFollow(f)
+		if errors.Is(err, ErrSymlink) {
+			continue // never followed; Check lists it
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -68,6 +68,7 @@ type Queue struct {
 	wg        sync.WaitGroup
 	tail      *tailer
 	ready     chan struct{}
+	links     sync.Map // rel → true: symbolic links reported (links.go)
 }
 
 var _ queue.Store = (*Queue)(nil)
@@ -134,6 +135,9 @@ func (e *StoreInUseError) Is(target error) bool { return target == ErrStoreBusy 
 // are new work.
 func Open(dir string, opts *Options) (*Queue, error) {
 	o := opts.withDefaults()
+	if err := checkNotLink(filepath.Join(dir, applog.Dir)); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
 	if err := os.MkdirAll(filepath.Join(dir, applog.Dir), 0o700); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
@@ -154,6 +158,9 @@ func Open(dir string, opts *Options) (*Queue, error) {
 // caller releases it (Close does when ownLock is set).
 func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	path := filepath.Join(dir, IndexFile)
+	if err := checkNotLink(path); err != nil {
+		return nil, fmt.Errorf("open store index: %w", err)
+	}
 	fresh := true
 	if fi, err := os.Stat(path); err == nil && fi.Size() > 0 {
 		fresh = false
@@ -173,6 +180,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		NoFreelistSync: true,
 		FreelistType:   bolt.FreelistMapType,
 		NoSync:         o.NoSync,
+		OpenFile:       openNoFollow,
 	})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
@@ -209,7 +217,10 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		db.Close()
 		return nil, pointAtDoctor(dir, err)
 	}
-	writePID(dir)
+	if err := writePID(dir); err != nil {
+		db.Close()
+		return nil, err
+	}
 	q.wg.Add(1)
 	go q.writeLoop()
 	// Catch up on every log before reporting ready.
@@ -506,18 +517,34 @@ func beUint64(b []byte) uint64 { return binary.BigEndian.Uint64(b[:8]) }
 
 func pidPath(dir string) string { return filepath.Join(dir, "outbox.pid") }
 
-func writePID(dir string) {
-	_ = os.WriteFile(pidPath(dir), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
+// writePID writes the pid file, never through a symbolic link: a link
+// there fails Open (a *applog.LinkError). Other failures are ignored (the
+// pid only serves the next opener's error).
+func writePID(dir string) error {
+	f, err := openNoFollow(pidPath(dir), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		if errors.Is(err, ErrSymlink) {
+			return fmt.Errorf("open store: %w", err)
+		}
+		return nil
+	}
+	_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+	_ = f.Close()
+	return nil
 }
 
+// removePID removes the pid file (a link there: the link, not its target).
 func removePID(dir string) { _ = os.Remove(pidPath(dir)) }
 
 func readPID(dir string) int {
-	b, err := os.ReadFile(pidPath(dir))
+	f, err := openNoFollow(pidPath(dir), os.O_RDONLY, 0)
 	if err != nil {
 		return 0
 	}
-	n, _ := strconv.Atoi(string(bytes.TrimSpace(b)))
+	defer f.Close()
+	b := make([]byte, 32)
+	m, _ := f.Read(b)
+	n, _ := strconv.Atoi(string(bytes.TrimSpace(b[:m])))
 	return n
 }
 

@@ -151,7 +151,9 @@ func (t *tailer) event(ev fsnotify.Event) {
 		// A new tenant directory: watch it and look at all of it (files
 		// may exist before the watch did).
 		if ev.Has(fsnotify.Create) {
-			if fi, err := os.Stat(ev.Name); err == nil && fi.IsDir() {
+			// Lstat: a link to a directory elsewhere is neither watched
+			// nor followed (the rescan reports it).
+			if fi, err := os.Lstat(ev.Name); err == nil && fi.IsDir() {
 				_ = t.w.Add(ev.Name)
 				t.mark("", true)
 			}

@@ -48,8 +48,11 @@
 //	{"error":{"code":"…","message":"…","problems":[…]}}
 //
 // with one of the stable Code* codes. Messages are fixed texts: they never
-// echo request content, ids, addresses or provider text, and unexpected
-// errors become 500 internal_error, logged with their Go type only.
+// echo request content, ids, addresses or provider text. A store that
+// cannot write says why: a full disk or used-up quota (ENOSPC, EDQUOT) is
+// 507 storage_full, a read-only file system (EROFS) 503 storage_read_only,
+// both logged with their code. Other unexpected errors become 500
+// internal_error, logged with their Go type only.
 //
 // # The seam
 //

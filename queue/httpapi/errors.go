@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"syscall"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -25,6 +26,8 @@ const (
 	CodeUnsupportedMedia  = "unsupported_media_type" // the body must be application/json
 	CodeUnavailable       = "unavailable"            // the store is closed or the request was cancelled
 	CodeOverloaded        = "overloaded"             // too many request bodies in flight (Config.MaxInflight): retry after Retry-After
+	CodeStorageFull       = "storage_full"           // 507: the store's file system is full (ENOSPC, EDQUOT)
+	CodeStorageReadOnly   = "storage_read_only"      // 503: the store's file system is read-only (EROFS)
 	CodeInternal          = "internal_error"         // anything unexpected (details are never returned)
 )
 
@@ -62,6 +65,10 @@ var (
 	errNoLease      = newError(http.StatusConflict, CodeLeaseLost, "no lease is held for this envelope (it expired or the service restarted): fetch /internal/outbox/pending again")
 	errStaleFence   = newError(http.StatusConflict, CodeStaleFence, "the fence no longer holds the envelope")
 	errWantJSON     = newError(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "request body must be application/json")
+	// A store that cannot write says why, not internal_error: the
+	// messages name the condition only (no path, no id).
+	errStorageFull     = newError(http.StatusInsufficientStorage, CodeStorageFull, "storage full: the store's disk has no space left (or its quota is used up); retry once space is freed")
+	errStorageReadOnly = newError(http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only: the store's file system does not accept writes; retry once it is writable again")
 )
 
 // errorFor maps any error to its API error. It is the only place where
@@ -104,6 +111,11 @@ func errorFor(err error) (*apiError, bool) {
 		return badRequest("the envelope belongs to another tenant"), false
 	case errors.Is(err, queue.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return newError(http.StatusServiceUnavailable, CodeUnavailable, "service unavailable"), false
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		// Logged too: the operator has to free space.
+		return errStorageFull, true
+	case errors.Is(err, syscall.EROFS):
+		return errStorageReadOnly, true
 	}
 	return newError(http.StatusInternalServerError, CodeInternal, "internal error"), true
 }

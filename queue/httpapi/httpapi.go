@@ -227,7 +227,7 @@ func (a *api) fail(w http.ResponseWriter, op, rid string, err error) {
 	ae, unexpected := errorFor(err)
 	if unexpected {
 		a.log.Error("request failed", "operation", op, "request_id", rid, "status", ae.Status,
-			"error_type", fmt.Sprintf("%T", err))
+			"code", ae.Code, "error_type", fmt.Sprintf("%T", err))
 	}
 	writeError(w, ae)
 }

@@ -83,6 +83,55 @@ func Path(dataDir, tenant, user string) string {
 	return filepath.Join(dataDir, RelPath(tenant, user))
 }
 
+// ErrSymlink is wrapped by the error of every open or stat of a log whose
+// file, or whose tenant directory, is a symbolic link (see LinkError).
+var ErrSymlink = errors.New("a symbolic link inside the data directory, never followed")
+
+// LinkError is the error for a log, or a log's tenant directory, that is
+// a symbolic link: nothing inside the data directory is followed, so that
+// whoever may write there (a foreign appender) cannot make the store read
+// or write a file elsewhere. The final component is opened with
+// O_NOFOLLOW, and the directory that holds it is checked with lstat
+// first.
+type LinkError struct {
+	Path string // the link
+}
+
+func (e *LinkError) Error() string {
+	return e.Path + " is a symbolic link: outbox never follows links inside its data directory (replace it with the real file or directory, or remove it)"
+}
+
+// Unwrap returns ErrSymlink.
+func (e *LinkError) Unwrap() error { return ErrSymlink }
+
+// checkDir checks that dir, the directory that holds a log, is a
+// directory and not a symbolic link. A missing one is os.ErrNotExist.
+func checkDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	switch {
+	case err != nil:
+		return err
+	case fi.Mode()&os.ModeSymlink != 0:
+		return &LinkError{Path: dir}
+	case !fi.IsDir():
+		return &os.PathError{Op: "open", Path: dir, Err: unix.ENOTDIR}
+	}
+	return nil
+}
+
+// linkErr returns a LinkError when err, from opening path with
+// O_NOFOLLOW, is the refusal of a symbolic link (ELOOP; EMLINK on
+// FreeBSD), else err.
+func linkErr(path string, err error) error {
+	if !errors.Is(err, unix.ELOOP) && !errors.Is(err, unix.EMLINK) {
+		return err
+	}
+	if fi, lerr := os.Lstat(path); lerr == nil && fi.Mode()&os.ModeSymlink != 0 {
+		return &LinkError{Path: path}
+	}
+	return err
+}
+
 // Syncer flushes a file to stable storage; tests inject failures.
 type Syncer func(f *os.File) error
 
@@ -629,20 +678,33 @@ func openLog(path string) (f *os.File, dirs []string, err error) {
 	}
 }
 
-// openFile opens a regular file the way os.OpenFile does, without its
-// attempt to register the descriptor with the runtime's poller (which a
-// regular file refuses): three fcntls and an epoll_ctl fewer per open.
+// openFile opens a log's file (or its quarantine) the way os.OpenFile
+// does, without its attempt to register the descriptor with the runtime's
+// poller (which a regular file refuses): three fcntls and an epoll_ctl
+// fewer per open. No symbolic link is followed: the directory that holds
+// the file is checked first (checkDir) and the file is opened with
+// O_NOFOLLOW; either as a link fails with a *LinkError.
 func openFile(path string, flags int, perm uint32) (*os.File, error) {
+	if err := checkDir(filepath.Dir(path)); err != nil {
+		return nil, err
+	}
 	for {
-		fd, err := unix.Open(path, flags|unix.O_CLOEXEC, perm)
+		fd, err := unix.Open(path, flags|unix.O_CLOEXEC|unix.O_NOFOLLOW, perm)
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
-			return nil, &os.PathError{Op: "open", Path: path, Err: err}
+			return nil, linkErr(path, &os.PathError{Op: "open", Path: path, Err: err})
 		}
 		return os.NewFile(uintptr(fd), path), nil
 	}
+}
+
+// OpenFile opens a file of a log's directory (a log, its quarantine) with
+// openFile's rules: no symbolic link followed, neither the file nor its
+// directory (a *LinkError). flag and perm are os.OpenFile's.
+func OpenFile(path string, flag int, perm os.FileMode) (*os.File, error) {
+	return openFile(path, flag, uint32(perm.Perm()))
 }
 
 // syncDir flushes a directory's entries; tests record or fail it.
@@ -973,7 +1035,7 @@ func Lines(buf []byte, base int64) []Line {
 
 // ReadAt reads n bytes of the log at path at offset off.
 func ReadAt(path string, off int64, n int) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := openFile(path, unix.O_RDONLY, 0)
 	if err != nil {
 		return nil, err
 	}

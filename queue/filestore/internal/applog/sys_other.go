@@ -14,11 +14,15 @@ import (
 // drive's own cache.
 func Fdatasync(f *os.File) error { return f.Sync() }
 
-// PathSize returns the size and inode of the file at path.
+// PathSize returns the size and inode of the file at path, without
+// following a symbolic link: a log that is one is a *LinkError.
 func PathSize(path string) (int64, uint64, error) {
 	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return 0, 0, &os.PathError{Op: "stat", Path: path, Err: err}
+	if err := unix.Lstat(path, &st); err != nil {
+		return 0, 0, &os.PathError{Op: "lstat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return 0, 0, &LinkError{Path: path}
 	}
 	return st.Size, uint64(st.Ino), nil
 }
@@ -39,7 +43,7 @@ func samePath(f *os.File, path string) (bool, error) {
 	if err := unix.Fstat(int(f.Fd()), &a); err != nil {
 		return false, err
 	}
-	if err := unix.Stat(path, &b); err != nil {
+	if err := unix.Lstat(path, &b); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return false, os.ErrNotExist
 		}

@@ -1,0 +1,109 @@
+package filestore
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
+	"golang.org/x/sys/unix"
+)
+
+// ErrSymlink is wrapped by the error of an enqueue (or Append) whose log,
+// or whose log's tenant directory, is a symbolic link, and by Open's when
+// the data directory's logs directory, index or pid file is one. Nothing
+// inside the data directory is followed: whoever may write into logs/ (a
+// foreign appender) cannot make the store read or write a file elsewhere.
+// Such a log is refused, never followed; the tailer and the rescans skip
+// it (logged once, without its name) and outbox doctor lists it.
+var ErrSymlink = applog.ErrSymlink
+
+// reportLink logs, once per process and link, that a log or a tenant
+// directory is a symbolic link and is skipped: the link that err (from
+// opening log rel) names, or rel itself (relative to the data directory)
+// when err is nil. The record holds no path: a log's name is derived from
+// a user id.
+func (q *Queue) reportLink(rel string, err error) {
+	key := filepath.Join(q.dir, rel)
+	if le := (*applog.LinkError)(nil); errors.As(err, &le) {
+		key = le.Path
+	}
+	if _, seen := q.links.LoadOrStore(key, true); seen || q.log == nil {
+		return
+	}
+	q.log.Warn("a log or tenant directory is a symbolic link: skipped, never followed (outbox doctor lists it)",
+		"operation", "ingest", "status", "refused")
+}
+
+// isLink reports whether a directory entry is a symbolic link.
+func isLink(e os.DirEntry) bool { return e.Type()&os.ModeSymlink != 0 }
+
+// checkNotLink fails with a *applog.LinkError when path is a symbolic link
+// (a missing path is fine).
+func checkNotLink(path string) error {
+	fi, err := os.Lstat(path)
+	if err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		return &applog.LinkError{Path: path}
+	}
+	return nil
+}
+
+// openNoFollow is os.OpenFile that refuses a symbolic link as the final
+// component (O_NOFOLLOW) with a *applog.LinkError; for bbolt's index file
+// and the pid file.
+func openNoFollow(name string, flag int, perm os.FileMode) (*os.File, error) {
+	f, err := os.OpenFile(name, flag|unix.O_NOFOLLOW, perm)
+	if err != nil && (errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EMLINK)) {
+		if lerr := checkNotLink(name); lerr != nil {
+			return nil, lerr
+		}
+	}
+	return f, err
+}
+
+// findLinks returns the symbolic links among the tenant directories under
+// logs/ and the logs and quarantine files in them, relative to dir.
+func findLinks(dir string) []string {
+	root := filepath.Join(dir, applog.Dir)
+	var out []string
+	tenants, _ := os.ReadDir(root)
+	for _, t := range tenants {
+		rel := filepath.Join(applog.Dir, t.Name())
+		if isLink(t) {
+			out = append(out, rel)
+			continue
+		}
+		if !t.IsDir() {
+			continue
+		}
+		files, _ := os.ReadDir(filepath.Join(root, t.Name()))
+		for _, f := range files {
+			if isLink(f) {
+				out = append(out, filepath.Join(rel, f.Name()))
+			}
+		}
+	}
+	return out
+}
+
+// linkProblems are Check's problems for the symbolic links under logs/.
+func linkProblems(dir string) []string {
+	var out []string
+	for _, rel := range findLinks(dir) {
+		out = append(out, fmt.Sprintf("%s: a symbolic link, never followed (the records it leads to are not indexed, appends for its user fail); replace it with the real file or directory, or remove it", rel))
+	}
+	return out
+}
+
+// readNoFollow reads a file of a log's directory with applog.OpenFile's
+// rules (no link followed).
+func readNoFollow(path string) ([]byte, error) {
+	f, err := applog.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
+}
