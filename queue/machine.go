@@ -245,6 +245,9 @@ var RecordLost = Verdict{envelope.StateDeadLetter, envelope.ClassRecordLost}
 // called only then); any other verdict ends the row and the segments after
 // it.
 func Claim(rows []Delivery, seg int, v Verdict, req ClaimRequest, fence func() uint64, now time.Time) (*Step, error) {
+	if err := inRange(rows, seg); err != nil {
+		return nil, err
+	}
 	s := newStep(rows)
 	if !s.Rows[seg].Eligible(now) {
 		return nil, fmt.Errorf("%w: segment %d is %s, not eligible", ErrInvalidTransition, seg, s.Rows[seg].State)
@@ -268,6 +271,15 @@ func Claim(rows []Delivery, seg int, v Verdict, req ClaimRequest, fence func() u
 	d.Due = time.Time{}
 	d.ToPending = req.ExpireToPending
 	return s, nil
+}
+
+// inRange refuses a segment an envelope does not have (a damaged index
+// entry names one).
+func inRange(rows []Delivery, seg int) error {
+	if seg < 0 || seg >= len(rows) {
+		return fmt.Errorf("%w: segment %d of an envelope of %d", ErrInvalidTransition, seg, len(rows))
+	}
+	return nil
 }
 
 // Holds reports whether lease l holds row d. Fences never go backwards, so
@@ -407,6 +419,9 @@ func LeaseExpired(d *Delivery, now time.Time) bool {
 // row leased with ExpireToPending goes back to pending instead (leased is
 // then false, and fence is not called).
 func Recover(rows []Delivery, seg int, req ClaimRequest, fence func() uint64, now time.Time) (s *Step, leased bool, err error) {
+	if err := inRange(rows, seg); err != nil {
+		return nil, false, err
+	}
 	if !LeaseExpired(&rows[seg], now) {
 		return nil, false, fmt.Errorf("%w: segment %d holds a live lease or is not sending", ErrInvalidTransition, seg)
 	}
@@ -429,6 +444,9 @@ func Recover(rows []Delivery, seg int, req ClaimRequest, fence func() uint64, no
 // ExpireLease returns row seg, whose ExpireToPending lease (the HTTP
 // seam's) expired, to pending, due now.
 func ExpireLease(rows []Delivery, seg int, now time.Time) (*Step, error) {
+	if err := inRange(rows, seg); err != nil {
+		return nil, err
+	}
 	if !LeaseExpired(&rows[seg], now) || !rows[seg].ToPending {
 		return nil, fmt.Errorf("%w: segment %d has no expired seam lease", ErrInvalidTransition, seg)
 	}

@@ -144,6 +144,13 @@ func TestMachine_RefusesIllegalEdges(t *testing.T) {
 	if _, err := queue.Claim(rows, 0, queue.Verdict{State: envelope.StateSending}, queue.ClaimRequest{Owner: "w", Lease: time.Second}, func() uint64 { return 1 }, t0); !errors.Is(err, queue.ErrInvalidTransition) {
 		t.Fatalf("claim of a bounced row: %v", err)
 	}
+	// A segment the envelope does not have (a damaged index entry).
+	if _, err := queue.Claim(queue.NewRows(&envelope.Envelope{}, 1, t0), 3, queue.Verdict{State: envelope.StateSending}, queue.ClaimRequest{Owner: "w", Lease: time.Second}, func() uint64 { return 1 }, t0); !errors.Is(err, queue.ErrInvalidTransition) {
+		t.Fatalf("claim of segment 3 of 1: %v", err)
+	}
+	if _, _, err := queue.Recover(queue.NewRows(&envelope.Envelope{}, 1, t0), -1, queue.ClaimRequest{Owner: "w", Lease: time.Second}, func() uint64 { return 1 }, t0); !errors.Is(err, queue.ErrInvalidTransition) {
+		t.Fatalf("recover of segment -1: %v", err)
+	}
 	if _, err := queue.Commit(queue.Backoff{}, []queue.Delivery{{State: envelope.StateSending, Owner: "w", Fence: 1}},
 		&queue.Lease{Owner: "w", Fence: 1}, queue.Outcome{State: envelope.StatePending}, t0); !errors.Is(err, queue.ErrInvalidTransition) {
 		t.Fatalf("commit pending: %v", err)

@@ -97,14 +97,23 @@ func rowKey(ek []byte, seg int) []byte {
 	return binary.BigEndian.AppendUint32(k, uint32(seg))
 }
 
+// splitEnvKey returns the tenant and id of an env key; a damaged key (no
+// separator) gives the tenant "", which no envelope has.
 func splitEnvKey(k []byte) (tenant, id string) {
 	i := bytes.IndexByte(k, 0)
+	if i < 0 {
+		return "", string(k)
+	}
 	return string(k[:i]), string(k[i+1:])
 }
 
-// splitRowKey returns the env key and the segment of a row key.
+// splitRowKey returns the env key and the segment of a row key; a damaged
+// key gives the segment -1.
 func splitRowKey(k []byte) ([]byte, int) {
 	n := len(k) - 5
+	if n < 0 || k[n] != 0 {
+		return k, -1
+	}
 	return k[:n], int(binary.BigEndian.Uint32(k[n+1:]))
 }
 

@@ -86,6 +86,9 @@ func (q *Queue) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 				}
 				seen[string(c.key)] = true
 				fresh++
+				if len(c.key) != 20 {
+					continue // a damaged entry is left to doctor
+				}
 				seg := int(beUint32(c.key[16:20]))
 				l, e, err := q.claimRow(ctx, tx, c.ek, seg, req, now, users)
 				if err != nil {
@@ -139,8 +142,8 @@ type consentAt struct {
 func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, req queue.ClaimRequest, now time.Time, users map[string]consentAt) (*queue.Lease, *envRec, error) {
 	tenant, id := splitEnvKey(ek)
 	e, err := getEnv(tx, ek)
-	if err != nil || e == nil {
-		return nil, nil, err
+	if err != nil || e == nil || seg >= e.Segs {
+		return nil, nil, err // a due entry without its envelope or segment: left to doctor
 	}
 	ck := tenant + "\x00" + e.User
 	ca, ok := users[ck]
@@ -323,8 +326,8 @@ func (q *Queue) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 			if err != nil {
 				return err
 			}
-			if e == nil || (len(req.Channels) > 0 && !containsChannel(req.Channels, e.Channel)) {
-				continue
+			if e == nil || seg < 0 || seg >= e.Segs || (len(req.Channels) > 0 && !containsChannel(req.Channels, e.Channel)) {
+				continue // a damaged entry is left to doctor
 			}
 			cands = append(cands, cand{int64(beUint64(k[:8])), e, ek, seg, rk})
 		}
@@ -466,7 +469,7 @@ func (q *Queue) ReturnExpiredSeam(ctx context.Context) (int, error) {
 			if err != nil {
 				return err
 			}
-			if e == nil || r == nil || !r.ToPending || !queue.LeaseExpired(ptr(toDelivery(r)), now) {
+			if e == nil || r == nil || seg < 0 || seg >= e.Segs || !r.ToPending || !queue.LeaseExpired(ptr(toDelivery(r)), now) {
 				continue
 			}
 			if _, err := q.step(tx, ek, e, now, func(rows []queue.Delivery) (*queue.Step, error) { return queue.ExpireLease(rows, seg, now) }); err != nil {
