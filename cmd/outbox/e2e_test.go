@@ -34,9 +34,10 @@ func buildBinary(t *testing.T) string {
 }
 
 type daemon struct {
-	cmd  *exec.Cmd
-	base string
-	logs *bytes.Buffer
+	cmd     *exec.Cmd
+	base    string
+	logs    *lockedBuffer
+	scanned chan struct{} // closed once stderr reached EOF
 }
 
 // startServe runs `outbox serve --addr 127.0.0.1:0` and waits for its
@@ -52,13 +53,14 @@ func startServe(t *testing.T, bin, data, token string, extra ...string) *daemon 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{cmd: cmd, logs: &bytes.Buffer{}}
+	d := &daemon{cmd: cmd, logs: &lockedBuffer{}, scanned: make(chan struct{})}
 	found := make(chan string, 1)
 	go func() {
+		defer close(d.scanned)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			line := sc.Text()
-			d.logs.WriteString(line + "\n")
+			d.logs.Write([]byte(line + "\n"))
 			if after, ok := strings.CutPrefix(line, "listening on "); ok {
 				found <- after
 			}
@@ -83,7 +85,10 @@ func (d *daemon) stop(t *testing.T) {
 	t.Helper()
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
-	go func() { done <- d.cmd.Wait() }()
+	go func() {
+		<-d.scanned // every read of the pipe before Wait closes it
+		done <- d.cmd.Wait()
+	}()
 	select {
 	case err := <-done:
 		if err != nil {

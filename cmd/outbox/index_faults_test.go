@@ -77,7 +77,7 @@ func tryServe(t *testing.T, bin, data string) (*daemon, string, int) {
 				cmd.Wait()
 			}
 		})
-		return &daemon{cmd: cmd, base: base, logs: &bytes.Buffer{}}, text(), 0
+		return &daemon{cmd: cmd, base: base, logs: &lockedBuffer{}, scanned: eof}, text(), 0
 	case <-eof:
 		err := cmd.Wait()
 		code := 0
