@@ -25,11 +25,17 @@ func replyEnv(id, user, text string) *envelope.Envelope {
 	return e
 }
 
+// mustEnqueue enqueues envs and waits until they are indexed (a read
+// waits for the index updates before it), so that a fault the test applies
+// next hits records the index knows.
 func mustEnqueue(t *testing.T, q *Queue, envs ...*envelope.Envelope) {
 	t.Helper()
 	for _, e := range envs {
 		if _, err := q.Enqueue(context.Background(), e); err != nil {
 			t.Fatalf("enqueue %s: %v", e.ID, err)
+		}
+		if _, err := q.Get(context.Background(), "", e.ID); err != nil {
+			t.Fatalf("get %s: %v", e.ID, err)
 		}
 	}
 }
