@@ -5,8 +5,9 @@
 //     release, recover, operator acts, consent, erase, prune.
 //   - Lease, Outcome, ClaimRequest, the errors and Options are the shared
 //     types; no store adds fields of its own to them.
-//   - The policy: Backoff (retries and the attempt limit), Consent.Allows
-//     (who may be sent what), Judge (what a claim does with a due row).
+//   - The policy: Backoff (retries and the attempt limit), Permits (who may
+//     be sent what: the user's consent and the tenant's address
+//     suppressions), Judge (what a claim does with a due row).
 //   - The state machine (machine.go): Claim, Commit, Release, Recover,
 //     ExpireLease, Requeue, Resolve, Refuse and Rebuilt compute every
 //     change of an envelope's rows as a Step, checked against
