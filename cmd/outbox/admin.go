@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/outboxhq/outbox/queue"
@@ -80,7 +81,7 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		}
 	}
 	if !rep.OK() {
-		fmt.Fprintln(e.Stderr, "Error: the store has problems; outbox doctor --rebuild rebuilds the index from the logs")
+		fmt.Fprintln(e.Stderr, "Error: "+doctorAdvice(rep.Problems))
 		return exitFailure
 	}
 	if !*js {
@@ -163,4 +164,16 @@ func runPath(ctx context.Context, e *env, args []string) int {
 	}
 	fmt.Fprintln(e.Stdout, filestore.LogPath(*data, *tenant, *user))
 	return exitOK
+}
+
+// doctorAdvice is doctor's closing line for problems it found. A rebuild
+// helps only the index itself: records gone from the logs cannot come back
+// from one, and it would make every row, sent ones too, unresolved.
+func doctorAdvice(problems []string) string {
+	for _, p := range problems {
+		if !strings.HasPrefix(p, "log ") && !strings.HasPrefix(p, "envelope record ") {
+			return "the store has problems; outbox doctor --rebuild rebuilds the index from the logs"
+		}
+	}
+	return "the store has problems in its logs (see the hints above); a rebuild cannot bring back records that are gone from them, and their rows end dead_letter (record_lost) when claimed, so do not rebuild for these"
 }
