@@ -125,15 +125,34 @@ func buildVersion() string {
 // parseFlags parses args with fs, printing usage errors the way every
 // command does. It returns (exit code, done): done is true when the caller
 // must return the code at once (help or a usage error).
+//
+// Flags may come before and after the arguments (outbox resolve ID --as
+// sent); "--" ends the flags, and what follows it is arguments only.
 func parseFlags(fs *flag.FlagSet, e *env, args []string) (int, bool) {
 	fs.SetOutput(e.Stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK, true
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return exitOK, true
+			}
+			fmt.Fprintf(e.Stderr, "Try: outbox help %s\n", fs.Name())
+			return exitUsage, true
 		}
-		fmt.Fprintf(e.Stderr, "Try: outbox help %s\n", fs.Name())
-		return exitUsage, true
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		// Parse stops at the first argument or just after "--".
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
+	// Leave every argument in fs.Args(), in order; "--" stops a re-parse.
+	_ = fs.Parse(append([]string{"--"}, pos...))
 	return 0, false
 }
 

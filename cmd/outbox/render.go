@@ -65,19 +65,10 @@ func runRender(ctx context.Context, e *env, args []string) int {
 	fs.StringVar(&f.now, "now", "", "render time, RFC 3339 (default: the envelope's not_before, else its created_at, else now)")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), renderUsage); fs.PrintDefaults() }
 
-	// Flags may come before, between or after the files.
-	var files []string
-	for rest := args; ; {
-		if code, done := parseFlags(fs, e, rest); done {
-			return code
-		}
-		rest = fs.Args()
-		if len(rest) == 0 {
-			break
-		}
-		files = append(files, rest[0])
-		rest = rest[1:]
+	if code, done := parseFlags(fs, e, args); done {
+		return code
 	}
+	files := fs.Args()
 	if len(files) == 0 {
 		fmt.Fprintln(e.Stderr, "Error: no envelope file given\nTry: outbox help render")
 		return exitUsage

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// Flags may come before and after the arguments; "--" ends them.
+func TestParseFlags_Interspersed(t *testing.T) {
+	for _, tc := range []struct {
+		args     []string
+		as       string
+		json     bool
+		wantArgs []string
+	}{
+		{[]string{"ID", "--as", "sent"}, "sent", false, []string{"ID"}},
+		{[]string{"--as", "sent", "ID"}, "sent", false, []string{"ID"}},
+		{[]string{"show", "u_99", "--json", "--as=retry"}, "retry", true, []string{"show", "u_99"}},
+		{[]string{"a", "--json", "b", "c"}, "", true, []string{"a", "b", "c"}},
+		{[]string{"a", "--", "--json", "-x"}, "", false, []string{"a", "--json", "-x"}},
+		{[]string{"--", "-"}, "", false, []string{"-"}},
+		{nil, "", false, nil},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		as := fs.String("as", "", "")
+		js := fs.Bool("json", false, "")
+		var errb bytes.Buffer
+		if code, done := parseFlags(fs, &env{Stderr: &errb}, tc.args); done {
+			t.Fatalf("%q: done with %d: %s", tc.args, code, errb.String())
+		}
+		if *as != tc.as || *js != tc.json || !slices.Equal(fs.Args(), tc.wantArgs) && len(fs.Args())+len(tc.wantArgs) > 0 {
+			t.Errorf("%q: as=%q json=%v args=%q, want %q %v %q", tc.args, *as, *js, fs.Args(), tc.as, tc.json, tc.wantArgs)
+		}
+	}
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	var errb bytes.Buffer
+	if code, done := parseFlags(fs, &env{Stderr: &errb}, []string{"ID", "--nope"}); !done || code != exitUsage || !strings.Contains(errb.String(), "nope") {
+		t.Fatalf("an unknown flag after an argument = %d %v %q", code, done, errb.String())
+	}
+}
+
+// The README's operator commands put their flags after the arguments.
+func TestCLI_FlagsAfterArguments(t *testing.T) {
+	data := t.TempDir()
+	if out, errs, code := runCmd(t, "demo", "--data", data); code != 0 {
+		t.Fatalf("demo = %d %s %s", code, out, errs)
+	}
+	out, errs, code := runCmd(t, "consent", "set", "u_99", "--data", data, "--digest", "--push", "--email-verified")
+	if code != 0 || !strings.Contains(out, "digest_enabled=true push_enabled=true email_verified=true") {
+		t.Fatalf("consent set USER --flags = %d %q %q", code, out, errs)
+	}
+	out, errs, code = runCmd(t, "ls", "--data", data)
+	if code != 0 {
+		t.Fatalf("ls = %d %s", code, errs)
+	}
+	row := strings.Fields(strings.Split(strings.TrimSpace(out), "\n")[1])
+	tenant, id := row[0], row[1]
+	out, errs, code = runCmd(t, "show", id, "--data", data, "--tenant", tenant, "--json")
+	if code != 0 || !strings.HasPrefix(strings.TrimSpace(out), "{") {
+		t.Fatalf("show ID --json = %d %q %q", code, out, errs)
+	}
+	_, errs, code = runCmd(t, "resolve", id, "--data", data, "--tenant", tenant, "--as", "sent")
+	if code == exitUsage || strings.Contains(errs, "--as must be") {
+		t.Fatalf("resolve ID --as sent is a usage error: %d %q", code, errs)
+	}
+}
