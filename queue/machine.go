@@ -3,6 +3,7 @@ package queue
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
@@ -461,13 +462,9 @@ func ExpireLease(rows []Delivery, seg int, now time.Time) (*Step, error) {
 }
 
 // Requeueable reports whether an operator requeue applies to state st.
-func Requeueable(st envelope.State) bool {
-	switch st {
-	case envelope.StateDeadLetter, envelope.StateUnresolved, envelope.StateExpired, envelope.StateSuppressed:
-		return true
-	}
-	return false
-}
+func Requeueable(st envelope.State) bool { return slices.Contains(requeueable, st) }
+
+var requeueable = []envelope.State{envelope.StateDeadLetter, envelope.StateUnresolved, envelope.StateExpired, envelope.StateSuppressed}
 
 // Requeue returns an envelope's dead_letter, unresolved, expired and
 // suppressed segments to pending with a fresh attempt budget (attempts,
@@ -479,7 +476,7 @@ func Requeue(rows []Delivery, now time.Time) (*Step, error) {
 	s := newStep(rows)
 	first := slices.IndexFunc(s.Rows, func(d Delivery) bool { return d.State != envelope.StateSent })
 	if first < 0 || !Requeueable(s.Rows[first].State) {
-		return nil, fmt.Errorf("%w: no segment to requeue (the first segment not sent must be dead_letter, unresolved, expired or suppressed)", ErrInvalidTransition)
+		return nil, refused("requeue", rows, requeueable...)
 	}
 	for i := first; i < len(s.Rows); i++ {
 		if !Requeueable(s.Rows[i].State) {
@@ -517,7 +514,7 @@ func Resolve(rows []Delivery, as envelope.State, now time.Time) (*Step, error) {
 		s.record(i, s.Rows[i].Attempts, envelope.ClassOperator, now)
 	}
 	if len(s.Changed) == 0 {
-		return nil, fmt.Errorf("%w: no segment is unresolved", ErrInvalidTransition)
+		return nil, refused("resolve", rows, envelope.StateUnresolved)
 	}
 	s.order(now)
 	return s, nil
@@ -558,4 +555,52 @@ func (s *Step) order(now time.Time) {
 		}
 		first = false
 	}
+}
+
+// TransitionError is an operator action (requeue, resolve) that does not
+// apply to an envelope's current state. It is ErrInvalidTransition, and its
+// message names the states only (never an id or a user), so it may be
+// shown to an operator or an HTTP client as it is.
+type TransitionError struct {
+	Action string           // "requeue" or "resolve"
+	States []envelope.State // the envelope's segments, in order
+	Want   []envelope.State // the states the action applies to
+}
+
+func refused(action string, rows []Delivery, want ...envelope.State) *TransitionError {
+	e := &TransitionError{Action: action, Want: want}
+	for _, d := range rows {
+		e.States = append(e.States, d.State)
+	}
+	return e
+}
+
+func (e *TransitionError) Error() string { return "queue: invalid transition: " + e.Explain() }
+
+// Explain is the message without the package prefix.
+func (e *TransitionError) Explain() string {
+	is := "the envelope has no segments"
+	if len(e.States) > 0 {
+		is = "the envelope is " + joinStates(e.States, ", ")
+		if len(e.States) > 1 {
+			is = "the envelope's segments are " + joinStates(e.States, ", ")
+		}
+		if first := slices.IndexFunc(e.States, func(s envelope.State) bool { return s != envelope.StateSent }); e.Action == "requeue" && first > 0 {
+			is += fmt.Sprintf(" (the first not sent, segment %d, decides)", first)
+		}
+	}
+	return fmt.Sprintf("%s does not apply: %s; %s applies to %s", e.Action, is, e.Action, joinStates(e.Want, ", "))
+}
+
+func (e *TransitionError) Is(target error) bool { return target == ErrInvalidTransition }
+
+func joinStates(states []envelope.State, sep string) string {
+	var b strings.Builder
+	for i, s := range states {
+		if i > 0 {
+			b.WriteString(sep)
+		}
+		b.WriteString(string(s))
+	}
+	return b.String()
 }

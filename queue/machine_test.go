@@ -222,3 +222,23 @@ func TestReadmeDiagramIsTheTable(t *testing.T) {
 		t.Fatalf("README diagram differs from envelope.Diagram(); replace it with:\n%s", want)
 	}
 }
+
+// A refused operator action says what the envelope is and what the action
+// applies to, and is still ErrInvalidTransition.
+func TestTransitionError_NamesStates(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	rows := []queue.Delivery{{State: envelope.StateSent}, {State: envelope.StateBounced}, {State: envelope.StateDeadLetter}}
+	_, err := queue.Requeue(rows, now)
+	var te *queue.TransitionError
+	if !errors.Is(err, queue.ErrInvalidTransition) || !errors.As(err, &te) {
+		t.Fatalf("Requeue of a bounced envelope = %v", err)
+	}
+	want := "requeue does not apply: the envelope's segments are sent, bounced, dead_letter (the first not sent, segment 1, decides); requeue applies to dead_letter, unresolved, expired, suppressed"
+	if te.Explain() != want {
+		t.Fatalf("Explain:\n got %s\nwant %s", te.Explain(), want)
+	}
+	_, err = queue.Resolve(rows[:1], envelope.StateSent, now)
+	if err == nil || err.Error() != "queue: invalid transition: resolve does not apply: the envelope is sent; resolve applies to unresolved" {
+		t.Fatalf("Resolve of a sent envelope = %v", err)
+	}
+}

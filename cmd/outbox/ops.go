@@ -143,6 +143,16 @@ func writeOp(w http.ResponseWriter, v any, err error) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// remoteError is an error the daemon returned: its message as the daemon
+// wrote it (already prefixed), and the sentinel it stands for.
+type remoteError struct {
+	sentinel error
+	msg      string
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.sentinel }
+
 // socketBackend calls a running daemon over its operator socket.
 type socketBackend struct{ c *http.Client }
 
@@ -164,7 +174,7 @@ func (s *socketBackend) call(ctx context.Context, method string, r opRequest, ou
 		case "not_found":
 			return queue.ErrNotFound
 		case "invalid_transition":
-			return fmt.Errorf("%w (%s)", queue.ErrInvalidTransition, e.Message)
+			return &remoteError{queue.ErrInvalidTransition, e.Message}
 		}
 		return errors.New(e.Message)
 	}

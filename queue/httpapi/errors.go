@@ -79,6 +79,7 @@ func errorFor(err error) (*apiError, bool) {
 	var mbe *http.MaxBytesError
 	var ee *queue.EnqueueError
 	var ve *envelope.ValidationError
+	var te *queue.TransitionError
 	switch {
 	case errors.As(err, &ae):
 		return ae, false
@@ -101,6 +102,8 @@ func errorFor(err error) (*apiError, bool) {
 		return invalidEnvelope(index, ve), false
 	case errors.Is(err, queue.ErrNotFound):
 		return newError(http.StatusNotFound, CodeNotFound, "not found"), false
+	case errors.As(err, &te):
+		return newError(http.StatusConflict, CodeInvalidTransition, te.Explain()), false
 	case errors.Is(err, queue.ErrInvalidTransition):
 		return newError(http.StatusConflict, CodeInvalidTransition, "the action does not apply to the envelope's current state"), false
 	case errors.Is(err, queue.ErrStaleFence):

@@ -170,7 +170,12 @@ func TestRequeue(t *testing.T) {
 	if w.Code != 200 || rep.Status != string(envelope.StatePending) {
 		t.Fatalf("requeue: %d %+v", w.Code, rep)
 	}
-	wantError(t, f.call("POST", "/v1/envelopes/d%2F1/requeue", ""), 409, CodeInvalidTransition)
+	w = f.call("POST", "/v1/envelopes/d%2F1/requeue", "")
+	wantError(t, w, 409, CodeInvalidTransition)
+	// The refusal names the current state and the states requeue applies to.
+	if body := w.Body.String(); !strings.Contains(body, "the envelope is pending") || !strings.Contains(body, "dead_letter, unresolved, expired, suppressed") {
+		t.Fatalf("requeue of a pending envelope: %s", body)
+	}
 	wantError(t, f.call("POST", "/v1/envelopes/nope/requeue", ""), 404, CodeNotFound)
 	wantError(t, f.call("POST", "/v1/envelopes/d%2F1/requeue?tenant=acme", ""), 404, CodeNotFound)
 }
