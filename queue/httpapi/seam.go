@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -83,7 +84,7 @@ func (a *api) pending(w http.ResponseWriter, r *http.Request) error {
 
 // StatusRequest is the body of POST /internal/outbox/{id}/status.
 type StatusRequest struct {
-	// Status is delivered, bounced, complaint, suppressed or failed.
+	// Status is one of SeamStatuses.
 	Status string `json:"status"`
 	// Detail is accepted for compatibility with the RFC and ignored: it may
 	// hold raw provider text, which is never stored or logged.
@@ -91,8 +92,8 @@ type StatusRequest struct {
 	// Fence, when given, must be the fence of the lease handed out with the
 	// envelope (409 stale_fence otherwise).
 	Fence *uint64 `json:"fence,omitempty"`
-	// ErrorClass, for failed only, is the stable class recorded with the
-	// dead letter (default "unknown").
+	// ErrorClass, for failed and retry only, is the stable class recorded
+	// with the dead letter or the retry (default "unknown").
 	ErrorClass envelope.ErrorClass `json:"error_class,omitempty"`
 }
 
@@ -107,26 +108,39 @@ type StatusReply struct {
 // Seam statuses.
 const (
 	SeamDelivered  = "delivered"
+	SeamSent       = "sent" // the same as delivered
+	SeamRetry      = "retry"
 	SeamBounced    = "bounced"
 	SeamComplaint  = "complaint"
 	SeamSuppressed = "suppressed"
 	SeamFailed     = "failed"
 )
 
+// SeamStatuses are the statuses POST /internal/outbox/{id}/status accepts.
+var SeamStatuses = []string{SeamDelivered, SeamSent, SeamRetry, SeamFailed, SeamBounced, SeamComplaint, SeamSuppressed}
+
+var errBadStatus = badRequest("status must be one of " + strings.Join(SeamStatuses, ", ") +
+	" (delivered or sent: it went out; retry: a transient failure, retried with backoff; failed: a dead letter)")
+
 // outcomeFor maps a seam status to the outcome committed for the row:
-// delivered → sent, failed → dead_letter (terminal), bounced, complaint and
-// suppressed → the same state, whose commit writes the suppression (a
-// bounced push subscription suppresses that subscription only).
+// delivered (or sent) → sent, retry → retryable (the backoff decides when,
+// or dead_letter at the attempt limit), failed → dead_letter (terminal),
+// bounced, complaint and suppressed → the same state, whose commit writes
+// the suppression (a bounced push subscription suppresses that
+// subscription only).
 func outcomeFor(req *StatusRequest, ch envelope.Channel) (queue.Outcome, error) {
 	switch req.Status {
-	case SeamDelivered:
+	case SeamDelivered, SeamSent:
 		return queue.Outcome{State: envelope.StateSent}, nil
-	case SeamFailed:
+	case SeamFailed, SeamRetry:
 		class := req.ErrorClass
 		if class == "" {
 			class = envelope.ClassUnknown
 		} else if !knownClasses[class] {
 			return queue.Outcome{}, badRequest("unknown error_class")
+		}
+		if req.Status == SeamRetry {
+			return queue.Outcome{State: envelope.StateRetryable, Class: class}, nil
 		}
 		return queue.Outcome{State: envelope.StateDeadLetter, Class: class}, nil
 	case SeamBounced:
@@ -140,7 +154,7 @@ func outcomeFor(req *StatusRequest, ch envelope.Channel) (queue.Outcome, error) 
 	case SeamSuppressed:
 		return queue.Outcome{State: envelope.StateSuppressed, Class: envelope.ClassUnsubscribed}, nil
 	}
-	return queue.Outcome{}, badRequest(`status must be one of delivered, bounced, complaint, suppressed, failed`)
+	return queue.Outcome{}, errBadStatus
 }
 
 // knownClasses are the stable error classes a seam caller may report.

@@ -187,6 +187,7 @@ func TestStatus(t *testing.T) {
 		wantClass  envelope.ErrorClass
 	}{
 		{"Delivered", digest, `{"status":"delivered","detail":"ok"}`, queue.StatusDelivered, "", ""},
+		{"Sent", digest, `{"status":"sent"}`, queue.StatusDelivered, "", ""},
 		{"Failed", digest, `{"status":"failed"}`, string(envelope.StateDeadLetter), "", envelope.ClassUnknown},
 		{"FailedWithClass", digest, `{"status":"failed","error_class":"auth_failed"}`, string(envelope.StateDeadLetter), "", envelope.ClassAuthFailed},
 		{"Bounced", digest, `{"status":"bounced"}`, string(envelope.StateBounced), envelope.ClassBounced, envelope.ClassBounced},
@@ -234,6 +235,47 @@ func TestStatus(t *testing.T) {
 	}
 }
 
+// A transient failure reported through the seam is retried with backoff:
+// the envelope is retryable, /pending hands it out again once it is due,
+// with a new fence, and the attempt limit still dead-letters it.
+func TestStatus_Retry(t *testing.T) {
+	f := newFixture(t)
+	f.grant("", "u_1")
+	f.enqueue(http.StatusCreated, digest("e/1", "u_1"))
+	p := f.pending("email", 1)
+	code, rep, eb := f.status("e/1", fmt.Sprintf(`{"status":"retry","error_class":"rate_limited","fence":%d}`, p.Leases[0].Fence))
+	if code != 200 || rep.Status != string(envelope.StateRetryable) || rep.Noop {
+		t.Fatalf("retry: %d %+v %+v", code, rep, eb)
+	}
+	st := f.get("", "e/1")
+	if seg := st.Segments[0]; seg.State != envelope.StateRetryable || seg.Class != envelope.ClassRateLimited || !seg.NextAt.After(f.clock.Now()) {
+		t.Fatalf("after retry: %+v", seg)
+	}
+	if p2 := f.pending("email", 1); len(p2.Leases) != 0 {
+		t.Fatalf("handed out again before its backoff: %+v", p2.Leases)
+	}
+	f.clock.Advance(time.Hour)
+	p2 := f.pending("email", 1)
+	if len(p2.Leases) != 1 || p2.Leases[0].Fence <= p.Leases[0].Fence {
+		t.Fatalf("pending after the backoff: %+v", p2.Leases)
+	}
+	if code, rep, eb := f.status("e/1", `{"status":"delivered"}`); code != 200 || rep.Status != queue.StatusDelivered {
+		t.Fatalf("delivered after a retry: %d %+v %+v", code, rep, eb)
+	}
+}
+
+// A bad status lists the statuses the seam accepts.
+func TestStatus_BadStatusListsThem(t *testing.T) {
+	f := newFixture(t)
+	w := f.call("POST", "/internal/outbox/x/status", `{"status":"ok"}`)
+	wantError(t, w, 400, CodeBadRequest)
+	for _, s := range SeamStatuses {
+		if !strings.Contains(w.Body.String(), s) {
+			t.Fatalf("400 does not list %q: %s", s, w.Body.String())
+		}
+	}
+}
+
 func TestStatus_Errors(t *testing.T) {
 	f := newFixture(t)
 	f.grant("", "u_1")
@@ -246,7 +288,7 @@ func TestStatus_Errors(t *testing.T) {
 		status         int
 		code           string
 	}{
-		{"BadStatus", "e/1", `{"status":"sent"}`, 400, CodeBadRequest},
+		{"BadStatus", "e/1", `{"status":"done"}`, 400, CodeBadRequest},
 		{"NoStatus", "e/1", `{}`, 400, CodeBadRequest},
 		{"BadClass", "e/1", `{"status":"failed","error_class":"kaboom"}`, 400, CodeBadRequest},
 		{"BadJSON", "e/1", `{"status":`, 400, CodeBadJSON},
