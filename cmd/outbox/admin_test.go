@@ -65,9 +65,50 @@ func TestServe_ServerTimeouts(t *testing.T) {
 	}
 }
 
+// A short token is refused by its variable's name, before the store is
+// opened (nothing is created in the data directory).
+func TestServe_ShortTokenRefusedFirst(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "data")
+	var out, errb bytes.Buffer
+	e := &env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb, Getenv: func(k string) string {
+		if k == "INTERNAL_OUTBOX_TOKEN" {
+			return "short"
+		}
+		return ""
+	}}
+	code := run(context.Background(), e, []string{"serve", "--data", data, "--addr", "127.0.0.1:0"})
+	if code != exitFailure || !strings.Contains(errb.String(), "INTERNAL_OUTBOX_TOKEN is 5 bytes; it must be at least 16") {
+		t.Fatalf("serve with a short token = %d %q", code, errb.String())
+	}
+	if _, err := os.Stat(data); !os.IsNotExist(err) {
+		t.Fatalf("the data directory was created before the token was checked: %v", err)
+	}
+}
+
 func TestServe_RefusesNonLoopbackWithoutToken(t *testing.T) {
 	_, errs, code := runCmd(t, "serve", "--data", t.TempDir(), "--addr", "0.0.0.0:0")
 	if code != exitFailure || !strings.Contains(errs, "INTERNAL_OUTBOX_TOKEN") {
 		t.Fatalf("serve on 0.0.0.0 without a token = %d %s", code, errs)
+	}
+}
+
+// An envelope of another tenant is found and named; a user without a
+// consent record is said to have none.
+func TestCLI_HintsWhereToLook(t *testing.T) {
+	data := t.TempDir()
+	if out, errs, code := runCmd(t, "demo", "--data", data); code != 0 {
+		t.Fatalf("demo = %d %s %s", code, out, errs)
+	}
+	_, errs, code := runCmd(t, "show", "reply/tg/734519028/msg_88412", "--data", data)
+	if code != exitFailure || !strings.Contains(errs, `it is in tenant "podcast-companion": add --tenant podcast-companion`) {
+		t.Fatalf("show of another tenant's envelope = %d %q", code, errs)
+	}
+	_, errs, _ = runCmd(t, "requeue", "nope", "--data", data)
+	if !strings.Contains(errs, "--tenant") {
+		t.Fatalf("requeue of an unknown id: %q", errs)
+	}
+	out, _, code := runCmd(t, "consent", "show", "u_nobody", "--data", data)
+	if code != 0 || !strings.Contains(out, "no consent record for u_nobody") {
+		t.Fatalf("consent show of an unknown user = %d %q", code, out)
 	}
 }

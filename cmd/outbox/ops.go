@@ -301,6 +301,32 @@ func opErr(e *env, err error) int {
 	return fail(e, "%v", err)
 }
 
+// envErr is opErr for a command on one envelope: a missing id says where
+// it is when another tenant has it (a bounded look at the listing), and
+// how to name a tenant otherwise.
+func envErr(ctx context.Context, e *env, b backend, tenant, id string, err error) int {
+	if !errors.Is(err, queue.ErrNotFound) {
+		return opErr(e, err)
+	}
+	f := queue.ListFilter{Limit: 1000}
+	for page := 0; page < 5; page++ {
+		p, lerr := b.List(ctx, f)
+		if lerr != nil {
+			break
+		}
+		for _, r := range p.Rows {
+			if r.Key.EnvelopeID == id && r.Key.Tenant != tenant {
+				return fail(e, "%s not found in tenant %q; it is in tenant %q: add --tenant %s", id, tenant, r.Key.Tenant, r.Key.Tenant)
+			}
+		}
+		if p.Next == "" {
+			break
+		}
+		f.Cursor = p.Next
+	}
+	return fail(e, "%s not found in tenant %q (another tenant's envelopes need --tenant T; outbox ls lists every tenant's)", id, tenant)
+}
+
 func needArgs(e *env, args []string, n int, usage string) bool {
 	if len(args) != n {
 		fmt.Fprintf(e.Stderr, "Error: usage: outbox %s\n", usage)
@@ -382,7 +408,7 @@ func init() {
 			}
 			st, err := b.Get(ctx, tenant, args[0])
 			if err != nil {
-				return opErr(e, err)
+				return envErr(ctx, e, b, tenant, args[0], err)
 			}
 			st.Envelope = nil // personal data stays in the store
 			if js {
@@ -403,7 +429,7 @@ func init() {
 				return exitUsage
 			}
 			if err := b.Requeue(ctx, tenant, args[0]); err != nil {
-				return opErr(e, err)
+				return envErr(ctx, e, b, tenant, args[0], err)
 			}
 			fmt.Fprintf(e.Stdout, "requeued %s/%s\n", tenant, args[0])
 			return exitOK
@@ -419,7 +445,7 @@ func init() {
 				return exitUsage
 			}
 			if err := b.Resolve(ctx, tenant, args[0], as); err != nil {
-				return opErr(e, err)
+				return envErr(ctx, e, b, tenant, args[0], err)
 			}
 			fmt.Fprintf(e.Stdout, "resolved %s/%s as %s\n", tenant, args[0], as)
 			return exitOK
@@ -445,6 +471,10 @@ func init() {
 			}
 			if js {
 				return printJSON(e, c)
+			}
+			if c.UpdatedAt.IsZero() && len(c.Suppressions) == 0 {
+				fmt.Fprintf(e.Stdout, "no consent record for %s in tenant %q: e-mail and push are refused until one is set with outbox consent set %s --digest --push --email-verified\n", user, tenant, user)
+				return exitOK
 			}
 			fmt.Fprintf(e.Stdout, "digest_enabled=%v push_enabled=%v email_verified=%v cadence=%s\n", c.DigestEnabled, c.PushEnabled, c.EmailVerified, dash(c.Cadence))
 			for _, s := range c.Suppressions {

@@ -140,6 +140,9 @@ func runServe(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.Stderr, "Error: --addr %q is not host:port\n", *f.addr)
 		return exitUsage
 	}
+	if token != "" && len(token) < httpapi.MinTokenBytes {
+		return fail(e, "INTERNAL_OUTBOX_TOKEN is %d bytes; it must be at least %d (e.g. openssl rand -hex 32)", len(token), httpapi.MinTokenBytes)
+	}
 	if token == "" {
 		if !isLoopback(host) {
 			return fail(e, "refusing to listen on %s without INTERNAL_OUTBOX_TOKEN: set it (or INTERNAL_OUTBOX_TOKEN_FILE), or listen on 127.0.0.1", *f.addr)

@@ -18,7 +18,8 @@ const (
 	CodeInvalidEnvelope   = "invalid_envelope"       // an envelope breaks the contract (problems list them)
 	CodeConsentDenied     = "consent_denied"         // current consent refuses an envelope (problems say why)
 	CodeUnauthorized      = "unauthorized"           // missing or wrong credentials
-	CodeNotFound          = "not_found"              // no such envelope, subscription or resource
+	CodeNotFound          = "not_found"              // no such envelope, subscription, resource or route
+	CodeMethodNotAllowed  = "method_not_allowed"     // the route exists for other methods (Allow lists them)
 	CodeInvalidTransition = "invalid_transition"     // the operator action does not apply to the current state
 	CodeStaleFence        = "stale_fence"            // the fence given no longer holds the envelope
 	CodeLeaseLost         = "lease_lost"             // this process holds no lease on the envelope: fetch /pending again

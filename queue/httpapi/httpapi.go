@@ -179,6 +179,29 @@ func (a *api) routes() {
 	if a.cfg.VAPIDPublicKey != "" {
 		a.handle("GET /api/app/push/vapid-key", public, a.vapidKey)
 	}
+	a.handle("/", public, a.noRoute)
+}
+
+// noRoute answers what no route takes, in JSON like every other error: 405
+// with Allow when the path has routes for other methods, else 404 (saying
+// why the API routes are missing when the handler has no token).
+func (a *api) noRoute(w http.ResponseWriter, r *http.Request) error {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete} {
+		r2 := r.Clone(r.Context())
+		r2.Method = m
+		if _, pat := a.mux.Handler(r2); pat != "/" && pat != "" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		return newError(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "method "+r.Method+" not allowed here (allowed: "+strings.Join(allow, ", ")+")")
+	}
+	if a.cfg.Token == "" && (strings.HasPrefix(r.URL.Path, "/v1/") || strings.HasPrefix(r.URL.Path, "/internal/")) {
+		return newError(http.StatusNotFound, CodeNotFound, "the API is not served: no API token is configured (outbox serve: set INTERNAL_OUTBOX_TOKEN)")
+	}
+	return newError(http.StatusNotFound, CodeNotFound, "no such route")
 }
 
 // handle registers h on pattern behind the access check, with panic

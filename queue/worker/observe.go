@@ -59,9 +59,10 @@ func (r result) failed() bool {
 // level is the log level of a task's result.
 func (r result) level() slog.Level {
 	switch r.status {
-	case string(envelope.StateSent), outcomeReleased:
+	case outcomeReleased:
 		return slog.LevelDebug
-	case string(envelope.StateRetryable), callInterrupted, callLost:
+	case string(envelope.StateSent), string(envelope.StateRetryable), callInterrupted, callLost:
+		// A sent line at info shows the operator that delivery works.
 		return slog.LevelInfo
 	case callPanic, "store_error":
 		return slog.LevelError

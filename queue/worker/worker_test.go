@@ -943,3 +943,28 @@ func decodeLogs(t testing.TB, buf *bytes.Buffer) []map[string]any {
 	}
 	return out
 }
+
+// A successful delivery is logged at info (channel and status only), so an
+// operator running at the default level sees that delivery works.
+func TestWorker_SentLoggedAtInfo(t *testing.T) {
+	te := newTestEnv(t, queue.Backoff{})
+	var logs bytes.Buffer
+	push := queuetest.Nudge("n1", "u1")
+	te.enqueue(t, push)
+	cfg := te.config()
+	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	r := startWorker(t, cfg)
+	r.waitEvent(t, "the push delivery", is("deliver", keyOf(push, 0), "sent"))
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range decodeLogs(t, &logs) {
+		if rec["status"] == "sent" && rec["channel"] == "push" && rec["level"] == "INFO" {
+			if _, ok := rec["error_class"]; ok {
+				t.Fatalf("a sent line with an error class: %v", rec)
+			}
+			return
+		}
+	}
+	t.Fatalf("no info line for the sent push:\n%s", logs.String())
+}
