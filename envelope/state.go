@@ -119,3 +119,28 @@ func CanTransition(from, to State) bool {
 	}
 	return false
 }
+
+// ParseState returns s as a State, or an error listing the valid ones
+// (without s: the message may go into an HTTP answer).
+func ParseState(s string) (State, error) {
+	if st := State(s); st.Valid() {
+		return st, nil
+	}
+	return "", fmt.Errorf("unknown state (want one of %s)", joinNames(States))
+}
+
+// ParseChannel returns s as a Channel, or an error listing the valid ones.
+func ParseChannel(s string) (Channel, error) {
+	if ch := Channel(s); ch.Valid() {
+		return ch, nil
+	}
+	return "", fmt.Errorf("unknown channel (want one of %s)", joinNames(Channels))
+}
+
+func joinNames[T ~string](names []T) string {
+	s := make([]string, len(names))
+	for i, n := range names {
+		s[i] = string(n)
+	}
+	return strings.Join(s, ", ")
+}

@@ -365,15 +365,20 @@ func init() {
 				tw.Flush()
 				return exitOK
 			}
-			st := envelope.State(*lsState)
-			if st != "" && !st.Valid() {
-				fmt.Fprintf(e.Stderr, "Error: unknown state %q\n", st)
-				return exitUsage
+			var st envelope.State
+			var ch envelope.Channel
+			var err error
+			if *lsState != "" {
+				if st, err = envelope.ParseState(*lsState); err != nil {
+					fmt.Fprintf(e.Stderr, "Error: --state %q: %v\n", *lsState, err)
+					return exitUsage
+				}
 			}
-			ch := envelope.Channel(*lsChannel)
-			if ch != "" && !ch.Valid() {
-				fmt.Fprintf(e.Stderr, "Error: unknown channel %q\n", ch)
-				return exitUsage
+			if *lsChannel != "" {
+				if ch, err = envelope.ParseChannel(*lsChannel); err != nil {
+					fmt.Fprintf(e.Stderr, "Error: --channel %q: %v\n", *lsChannel, err)
+					return exitUsage
+				}
 			}
 			if tenant == "*" {
 				tenant = ""

@@ -214,15 +214,13 @@ func (a *api) listEnvelopes(w http.ResponseWriter, r *http.Request) error {
 	}
 	f := queue.ListFilter{Tenant: tenant, Cursor: q.Get("cursor")}
 	if s := q.Get("state"); s != "" {
-		f.State = envelope.State(s)
-		if !f.State.Valid() {
-			return badRequest("unknown state")
+		if f.State, err = envelope.ParseState(s); err != nil {
+			return badRequest("state: " + err.Error())
 		}
 	}
 	if c := q.Get("channel"); c != "" {
-		f.Channel = envelope.Channel(c)
-		if !f.Channel.Valid() {
-			return badRequest("unknown channel")
+		if f.Channel, err = envelope.ParseChannel(c); err != nil {
+			return badRequest("channel: " + err.Error())
 		}
 	}
 	if l := q.Get("limit"); l != "" {

@@ -124,6 +124,13 @@ func TestListEnvelopes(t *testing.T) {
 			wantError(t, f.call("GET", "/v1/envelopes?"+q, ""), 400, CodeBadRequest)
 		})
 	}
+	// A bad state or channel lists the valid ones.
+	if e := wantError(t, f.call("GET", "/v1/envelopes?state=nope", ""), 400, CodeBadRequest); !strings.Contains(e.Error.Message, "dead_letter, bounced") {
+		t.Fatalf("bad state: %q", e.Error.Message)
+	}
+	if e := wantError(t, f.call("GET", "/v1/envelopes?channel=fax", ""), 400, CodeBadRequest); !strings.Contains(e.Error.Message, "email, push") {
+		t.Fatalf("bad channel: %q", e.Error.Message)
+	}
 }
 
 // deadLetter enqueues an email digest for user and fails it through the
