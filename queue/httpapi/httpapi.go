@@ -14,6 +14,9 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -393,12 +396,63 @@ func (a *api) decodeJSON(w http.ResponseWriter, r *http.Request, v any, strict b
 		dec.DisallowUnknownFields()
 	}
 	if err := dec.Decode(v); err != nil {
-		return errBadJSON
+		return badJSON(err)
 	}
 	if _, err := dec.Token(); err != io.EOF { //nolint:errorlint // io.EOF is returned unwrapped
-		return errBadJSON
+		return newError(http.StatusBadRequest, CodeBadJSON, "request body holds more than one JSON value")
 	}
 	return nil
+}
+
+// badJSON says what is wrong with a body and where: the field and the type
+// it needs (names of our own fields), an unknown field's name when it is a
+// plain identifier (anything else in it could be personal data), or the
+// byte offset of a syntax error.
+func badJSON(err error) *apiError {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	msg := errBadJSON.Message
+	switch {
+	case errors.As(err, &te) && te.Field != "":
+		msg = fmt.Sprintf("field %q must be %s, not a JSON %s", te.Field, jsonKind(te.Type), te.Value)
+	case errors.As(err, &te):
+		msg = fmt.Sprintf("the body must be %s, not a JSON %s", jsonKind(te.Type), te.Value)
+	case errors.As(err, &se):
+		msg = fmt.Sprintf("request body is not valid JSON (at byte %d)", se.Offset)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		msg = "request body is empty or cut short"
+	default:
+		if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			if name, uerr := strconv.Unquote(name); uerr == nil && plainName.MatchString(name) {
+				msg = fmt.Sprintf("unknown field %q", name)
+			} else {
+				msg = "the body has an unknown field"
+			}
+		}
+	}
+	return newError(http.StatusBadRequest, CodeBadJSON, msg)
+}
+
+var plainName = regexp.MustCompile(`^[A-Za-z0-9_]{1,64}$`)
+
+// jsonKind names the JSON a Go type decodes from.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "another type"
 }
 
 // requireJSON fails unless the request declares a JSON body.

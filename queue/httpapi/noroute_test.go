@@ -26,3 +26,23 @@ func TestNoRoute_NoTokenSaysWhy(t *testing.T) {
 		t.Fatalf("404 without a token: %q", e.Error.Message)
 	}
 }
+
+// A bad body names the field and the type it needs; an unknown field is
+// named only when its name is a plain identifier.
+func TestBadJSON_NamesTheField(t *testing.T) {
+	f := newFixture(t)
+	for _, tc := range []struct{ body, want string }{
+		{`{"digest_enabled":"yes"}`, `field "digest_enabled" must be a boolean, not a JSON string`},
+		{`{"digest_enabled":true,"colour":1}`, `unknown field "colour"`},
+		{`{"a@b.example":1}`, `the body has an unknown field`},
+		{`{"digest_enabled":`, `empty or cut short`},
+		{`{"digest_enabled" true}`, `not valid JSON (at byte 19)`},
+		{`[1]`, `the body must be an object, not a JSON array`},
+		{`{} {}`, `more than one JSON value`},
+	} {
+		e := wantError(t, f.call("PUT", "/v1/consent/u_1", tc.body), 400, CodeBadJSON)
+		if !strings.Contains(e.Error.Message, tc.want) || strings.Contains(e.Error.Message, "a@b") {
+			t.Errorf("%s: %q, want %q", tc.body, e.Error.Message, tc.want)
+		}
+	}
+}
