@@ -29,6 +29,7 @@ const (
 	ClassComplaint           ErrorClass = "complaint"
 	ClassUnsubscribed        ErrorClass = "unsubscribed"
 	ClassConsentWithdrawn    ErrorClass = "consent_withdrawn"
+	ClassNoConsent           ErrorClass = "no_consent" // no consent record for the user
 	ClassIdempotencyConflict ErrorClass = "idempotency_conflict"
 	ClassProviderPanic       ErrorClass = "provider_panic"
 	ClassRenderFailed        ErrorClass = "render_failed"

@@ -72,13 +72,18 @@ func TargetOfValue(v string) string {
 	return hex.EncodeToString(h[:16])
 }
 
+// ConsentRules says what each channel needs, for refusals and docs.
+const ConsentRules = "email needs digest_enabled and email_verified; push needs push_enabled; telegram needs no opt-in"
+
 // Allows reports whether current consent c (found says whether a record
-// exists) allows delivering e, and if not, the class that says why.
+// exists) allows delivering e, and if not, the class that says why
+// (ConsentRules):
 //
 //   - email needs digest_enabled and email_verified;
 //   - push needs push_enabled;
 //   - telegram (chat replies answer the user) needs no opt-in;
-//   - a suppression of the channel or of the recipient's target forbids.
+//   - a suppression of the channel or of the recipient's target forbids;
+//   - without a record, email and push are refused as no_consent.
 func (c *Consent) Allows(found bool, e *envelope.Envelope) (bool, envelope.ErrorClass) {
 	target := TargetOf(e)
 	for _, s := range c.Suppressions {
@@ -86,15 +91,20 @@ func (c *Consent) Allows(found bool, e *envelope.Envelope) (bool, envelope.Error
 			return false, s.Reason
 		}
 	}
+	needs := false
 	switch e.Channel {
 	case envelope.ChannelEmail:
-		if !found || !c.DigestEnabled || !c.EmailVerified {
-			return false, envelope.ClassConsentWithdrawn
-		}
+		needs = !c.DigestEnabled || !c.EmailVerified
 	case envelope.ChannelPush:
-		if !found || !c.PushEnabled {
-			return false, envelope.ClassConsentWithdrawn
-		}
+		needs = !c.PushEnabled
+	default:
+		return true, ""
+	}
+	switch {
+	case !found:
+		return false, envelope.ClassNoConsent
+	case needs:
+		return false, envelope.ClassConsentWithdrawn
 	}
 	return true, ""
 }

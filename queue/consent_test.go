@@ -78,3 +78,27 @@ func TestCommit_AddressSuppression(t *testing.T) {
 		}
 	}
 }
+
+// Without a record email and push are refused as no_consent; with one that
+// lacks a flag, as consent_withdrawn; telegram needs no record.
+func TestAllows_NoRecordIsNoConsent(t *testing.T) {
+	reply := &envelope.Envelope{Channel: envelope.ChannelTelegram, Recipient: envelope.Recipient{ChatID: "1"}}
+	push := &envelope.Envelope{Channel: envelope.ChannelPush, Recipient: envelope.Recipient{PushSubscription: &envelope.PushSubscription{Endpoint: "https://push.example/1"}}}
+	for _, tc := range []struct {
+		e     *envelope.Envelope
+		c     queue.Consent
+		found bool
+		ok    bool
+		why   envelope.ErrorClass
+	}{
+		{mail("u", "a@example.com"), queue.Consent{}, false, false, envelope.ClassNoConsent},
+		{push, queue.Consent{}, false, false, envelope.ClassNoConsent},
+		{mail("u", "a@example.com"), queue.Consent{ConsentFlags: queue.ConsentFlags{DigestEnabled: true}}, true, false, envelope.ClassConsentWithdrawn},
+		{push, queue.Consent{ConsentFlags: queue.ConsentFlags{PushEnabled: true}}, true, true, ""},
+		{reply, queue.Consent{}, false, true, ""},
+	} {
+		if ok, why := tc.c.Allows(tc.found, tc.e); ok != tc.ok || why != tc.why {
+			t.Errorf("%s found=%v %+v: %v %q, want %v %q", tc.e.Channel, tc.found, tc.c.ConsentFlags, ok, why, tc.ok, tc.why)
+		}
+	}
+}

@@ -88,7 +88,7 @@ func errorFor(err error) (*apiError, bool) {
 		return newError(http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
 			fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)), false
 	case errors.As(err, &ee) && errors.Is(err, queue.ErrConsentDenied):
-		e := newError(http.StatusConflict, CodeConsentDenied, "current consent refuses an envelope; nothing was stored")
+		e := newError(http.StatusConflict, CodeConsentDenied, "current consent refuses an envelope ("+consentHint(ee.Reason)+"); nothing was stored")
 		rule := string(ee.Reason)
 		if rule == "" {
 			rule = string(envelope.ClassConsentWithdrawn)
@@ -140,4 +140,19 @@ type errorBody struct {
 		Message  string    `json:"message"`
 		Problems []Problem `json:"problems,omitempty"`
 	} `json:"error"`
+}
+
+// consentHint says why a consent class refuses and what lifts it.
+func consentHint(class envelope.ErrorClass) string {
+	switch class {
+	case envelope.ClassNoConsent:
+		return "the user has no consent record: PUT /v1/consent/{user_id} first; " + queue.ConsentRules
+	case envelope.ClassConsentWithdrawn, "":
+		return queue.ConsentRules
+	case envelope.ClassUnsubscribed:
+		return "the user unsubscribed from this channel"
+	case envelope.ClassBounced, envelope.ClassComplaint:
+		return "the address is suppressed after a " + string(class) + "; an operator lifts it with outbox suppressions lift"
+	}
+	return "the recipient is suppressed (" + string(class) + ")"
 }

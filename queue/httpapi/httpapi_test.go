@@ -195,8 +195,12 @@ func TestPostEnvelopes_Errors(t *testing.T) {
 			}
 		}},
 		{"ConsentDenied", mustJSON(t, []any{digest("ok/3", "u_1"), noConsent}), 409, CodeConsentDenied, func(t *testing.T, e errorBody) {
-			if len(e.Error.Problems) != 1 || e.Error.Problems[0].Index != 1 || e.Error.Problems[0].Rule != string(envelope.ClassConsentWithdrawn) {
+			if len(e.Error.Problems) != 1 || e.Error.Problems[0].Index != 1 || e.Error.Problems[0].Rule != string(envelope.ClassNoConsent) {
 				t.Errorf("problems %+v", e.Error.Problems)
+			}
+			// The refusal names what is missing and the rules.
+			if !strings.Contains(e.Error.Message, "no consent record") || !strings.Contains(e.Error.Message, queue.ConsentRules) {
+				t.Errorf("message %q", e.Error.Message)
 			}
 		}},
 	}

@@ -165,7 +165,7 @@ var knownClasses = func() map[envelope.ErrorClass]bool {
 		envelope.ClassNetwork, envelope.ClassProviderUnavailable, envelope.ClassInvalidRecipient,
 		envelope.ClassSubscriptionGone, envelope.ClassPayloadTooLarge, envelope.ClassInvalidRequest,
 		envelope.ClassAuthFailed, envelope.ClassBlockedByUser, envelope.ClassBounced,
-		envelope.ClassComplaint, envelope.ClassUnsubscribed, envelope.ClassConsentWithdrawn,
+		envelope.ClassComplaint, envelope.ClassUnsubscribed, envelope.ClassConsentWithdrawn, envelope.ClassNoConsent,
 		envelope.ClassIdempotencyConflict, envelope.ClassRenderFailed, envelope.ClassMaxAttempts,
 		envelope.ClassExpired, envelope.ClassUnknown,
 	} {

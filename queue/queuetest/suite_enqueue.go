@@ -255,8 +255,8 @@ func testEnqueueConsent(t *testing.T, h Harness) {
 		env    *envelope.Envelope
 		denied envelope.ErrorClass // "" = allowed
 	}{
-		{"NoRecordDigest", nil, Digest("e", user), envelope.ClassConsentWithdrawn},
-		{"NoRecordNudge", nil, Nudge("e", user), envelope.ClassConsentWithdrawn},
+		{"NoRecordDigest", nil, Digest("e", user), envelope.ClassNoConsent},
+		{"NoRecordNudge", nil, Nudge("e", user), envelope.ClassNoConsent},
 		{"NoRecordTelegramAllowed", nil, Reply("e", user, "hi"), ""},
 		{"DigestDisabled", flags(queue.ConsentFlags{PushEnabled: true, EmailVerified: true}), Digest("e", user), envelope.ClassConsentWithdrawn},
 		{"EmailUnverified", flags(queue.ConsentFlags{DigestEnabled: true, PushEnabled: true}), Digest("e", user), envelope.ClassConsentWithdrawn},

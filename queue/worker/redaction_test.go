@@ -57,7 +57,7 @@ var knownClasses = map[envelope.ErrorClass]bool{
 	envelope.ClassInvalidRecipient: true, envelope.ClassSubscriptionGone: true, envelope.ClassPayloadTooLarge: true,
 	envelope.ClassInvalidRequest: true, envelope.ClassAuthFailed: true, envelope.ClassBlockedByUser: true,
 	envelope.ClassBounced: true, envelope.ClassComplaint: true, envelope.ClassUnsubscribed: true,
-	envelope.ClassConsentWithdrawn: true, envelope.ClassIdempotencyConflict: true, envelope.ClassProviderPanic: true,
+	envelope.ClassConsentWithdrawn: true, envelope.ClassNoConsent: true, envelope.ClassIdempotencyConflict: true, envelope.ClassProviderPanic: true,
 	envelope.ClassRenderFailed: true, envelope.ClassNoProvider: true, envelope.ClassMaxAttempts: true,
 	envelope.ClassExpired: true, envelope.ClassInterrupted: true, envelope.ClassReconcileUnknown: true,
 	envelope.ClassReconcileRejected: true, envelope.ClassOperator: true, envelope.ClassUnknown: true,

@@ -52,7 +52,7 @@ func decide(err error, panicked, interrupted, timedOut bool) decision {
 			class = envelope.ClassBounced
 		case envelope.ClassComplaint:
 			state = envelope.StateComplaint
-		case envelope.ClassBlockedByUser, envelope.ClassUnsubscribed, envelope.ClassConsentWithdrawn:
+		case envelope.ClassBlockedByUser, envelope.ClassUnsubscribed, envelope.ClassConsentWithdrawn, envelope.ClassNoConsent:
 			state = envelope.StateSuppressed
 		}
 		return decision{commit: true, call: callRecipientGone, out: queue.Outcome{State: state, Class: class}}
