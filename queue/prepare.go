@@ -2,6 +2,7 @@ package queue
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/outboxhq/outbox/envelope"
 )
@@ -12,6 +13,23 @@ type Prepared struct {
 	Env      *envelope.Envelope
 	Line     []byte // the envelope's JSON encoding
 	Segments int    // envelope.Rows
+}
+
+// Admit is the rule a store applies to each new envelope of an Enqueue
+// call, once it knows the envelope is not a duplicate (idempotency first:
+// a stored envelope is a duplicate whatever consent or the clock say now)
+// and has looked up current consent: what a claim at now would decide
+// (Judge). An envelope past its expires_at is refused with ErrExpired, one
+// that consent forbids with ErrConsentDenied; i is its index in the call.
+func Admit(i int, e *envelope.Envelope, c Consent, found bool, addr *Suppression, now time.Time) error {
+	switch v := Judge(e, c, found, addr, now); v.State {
+	case envelope.StateExpired:
+		return &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Reason: v.Class,
+			Err: fmt.Errorf("%w (%s, now %s)", ErrExpired, e.ExpiresAt.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))}
+	case envelope.StateSuppressed:
+		return &EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Reason: v.Class, Err: ErrConsentDenied}
+	}
+	return nil
 }
 
 // Prepare checks every envelope of an Enqueue call, in order, as every

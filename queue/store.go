@@ -187,6 +187,10 @@ var (
 	// ErrConsentDenied is returned (wrapped in *EnqueueError) when current
 	// consent forbids an envelope.
 	ErrConsentDenied = errors.New("queue: consent denied")
+	// ErrExpired is returned (wrapped in *EnqueueError, Reason expired)
+	// when a new envelope is already past its expires_at: it could never
+	// be delivered, so it is refused rather than stored to expire.
+	ErrExpired = errors.New("queue: envelope already past its expires_at")
 	// ErrInvalidTransition is returned when an operator action does not
 	// apply to the envelope's current state.
 	ErrInvalidTransition = errors.New("queue: invalid transition")

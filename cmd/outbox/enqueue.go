@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore"
 )
 
@@ -77,6 +79,13 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 	}
 	if len(fresh) == 0 {
 		return exitOK
+	}
+	now := time.Now()
+	for _, env := range fresh {
+		if queue.Expired(env.ExpiresAt, now) {
+			return fail(e, "envelope %s/%s: expires_at %s is already past (it could never be delivered): nothing was appended",
+				env.TenantID, env.ID, env.ExpiresAt.UTC().Format(time.RFC3339))
+		}
 	}
 	if err := filestore.Append(*data, fresh...); err != nil {
 		return fail(e, "%v", err)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"flag"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -65,5 +66,18 @@ func TestCLI_FlagsAfterArguments(t *testing.T) {
 	_, errs, code = runCmd(t, "resolve", id, "--data", data, "--tenant", tenant, "--as", "sent")
 	if code == exitUsage || strings.Contains(errs, "--as must be") {
 		t.Fatalf("resolve ID --as sent is a usage error: %d %q", code, errs)
+	}
+}
+
+// outbox enqueue refuses an envelope already past its expires_at (the
+// golden reply expired in May 2026) and appends nothing of the call.
+func TestEnqueue_RefusesExpired(t *testing.T) {
+	data := t.TempDir()
+	_, errs, code := runCmd(t, "enqueue", "--data", data, "../../testdata/delivery/reply-text.v1.golden.json")
+	if code != exitFailure || !strings.Contains(errs, "expires_at 2026-05-04T21:00:00Z is already past") {
+		t.Fatalf("enqueue of an expired envelope = %d %q", code, errs)
+	}
+	if m, _ := filepath.Glob(filepath.Join(data, "logs", "*", "*")); len(m) != 0 {
+		t.Fatalf("appended anyway: %v", m)
 	}
 }

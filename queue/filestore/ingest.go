@@ -230,8 +230,8 @@ func (q *Queue) checkConsent(ctx context.Context, tx *bolt.Tx, items []*prepared
 		if err != nil {
 			return fmt.Errorf("enqueue: %w", err)
 		}
-		if ok, class := queue.Permits(it.env, &c, found, addr); !ok {
-			return &queue.EnqueueError{Index: i, Tenant: it.env.TenantID, ID: it.env.ID, Reason: class, Err: queue.ErrConsentDenied}
+		if err := queue.Admit(i, it.env, c, found, addr, q.opts.Now()); err != nil {
+			return err
 		}
 	}
 	return nil

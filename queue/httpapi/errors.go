@@ -17,6 +17,7 @@ const (
 	CodeBadRequest        = "bad_request"            // a parameter or field is missing or invalid
 	CodeInvalidEnvelope   = "invalid_envelope"       // an envelope breaks the contract (problems list them)
 	CodeConsentDenied     = "consent_denied"         // current consent refuses an envelope (problems say why)
+	CodeExpired           = "envelope_expired"       // 422: an envelope is already past its expires_at
 	CodeUnauthorized      = "unauthorized"           // missing or wrong credentials
 	CodeNotFound          = "not_found"              // no such envelope, subscription, resource or route
 	CodeMethodNotAllowed  = "method_not_allowed"     // the route exists for other methods (Allow lists them)
@@ -94,6 +95,10 @@ func errorFor(err error) (*apiError, bool) {
 			rule = string(envelope.ClassConsentWithdrawn)
 		}
 		e.Problems = []Problem{{Index: ee.Index, Rule: rule}}
+		return e, false
+	case errors.As(err, &ee) && errors.Is(err, queue.ErrExpired):
+		e := newError(http.StatusUnprocessableEntity, CodeExpired, "an envelope is already past its expires_at and could never be delivered; nothing was stored")
+		e.Problems = []Problem{{Index: ee.Index, Path: "expires_at", Rule: "must be in the future"}}
 		return e, false
 	case errors.As(err, &ve):
 		index := 0

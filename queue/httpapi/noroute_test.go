@@ -1,8 +1,13 @@
 package httpapi
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
+
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/queuetest"
 )
 
 // Every answer is JSON, a missing route and a wrong method included.
@@ -44,5 +49,20 @@ func TestBadJSON_NamesTheField(t *testing.T) {
 		if !strings.Contains(e.Error.Message, tc.want) || strings.Contains(e.Error.Message, "a@b") {
 			t.Errorf("%s: %q, want %q", tc.body, e.Error.Message, tc.want)
 		}
+	}
+}
+
+// An envelope past its expires_at is refused with 422 and where.
+func TestPostEnvelopes_Expired(t *testing.T) {
+	f := newFixture(t)
+	e := queuetest.Reply("r/1", "u_1", "hi")
+	e.ExpiresAt = f.clock.Now()
+	w := f.call("POST", "/v1/envelopes", mustJSON(t, e))
+	b := wantError(t, w, 422, CodeExpired)
+	if len(b.Error.Problems) != 1 || b.Error.Problems[0].Path != "expires_at" {
+		t.Fatalf("problems %+v", b.Error.Problems)
+	}
+	if _, err := f.q.Get(context.Background(), "", "r/1"); !errors.Is(err, queue.ErrNotFound) {
+		t.Fatalf("the expired envelope was stored: %v", err)
 	}
 }

@@ -202,15 +202,6 @@ func (cc *consentCache) get(ctx context.Context, e *envelope.Envelope) (queue.Co
 	return ent.c, ent.found, nil
 }
 
-func (cc *consentCache) allows(ctx context.Context, e *envelope.Envelope) (bool, envelope.ErrorClass, error) {
-	c, found, err := cc.get(ctx, e)
-	if err != nil {
-		return false, "", err
-	}
-	ok, class := queue.Permits(e, &c, found, cc.s.addressOf(e))
-	return ok, class, nil
-}
-
 // addressOf returns the tenant's suppression of e's address, or nil.
 func (s *Store) addressOf(e *envelope.Envelope) *queue.Suppression {
 	t := queue.AddressTarget(e)
@@ -273,12 +264,12 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 			continue
 		}
 		seen[k] = i
-		ok, class, err := cc.allows(ctx, p.env)
+		c, found, err := cc.get(ctx, p.env)
 		if err != nil {
 			return nil, &queue.EnqueueError{Index: i, Tenant: k.tenant, ID: k.id, Err: err}
 		}
-		if !ok {
-			return nil, &queue.EnqueueError{Index: i, Tenant: k.tenant, ID: k.id, Reason: class, Err: queue.ErrConsentDenied}
+		if err := queue.Admit(i, p.env, c, found, s.addressOf(p.env), now); err != nil {
+			return nil, err
 		}
 	}
 

@@ -490,6 +490,7 @@ var diffErrors = []struct {
 	{"ErrLeaseLost", queue.ErrLeaseLost},
 	{"ErrCrossTenant", queue.ErrCrossTenant},
 	{"ErrConsentDenied", queue.ErrConsentDenied},
+	{"ErrExpired", queue.ErrExpired},
 	{"ErrInvalidTransition", queue.ErrInvalidTransition},
 	{"ErrNotFound", queue.ErrNotFound},
 	{"ErrInvalid", envelope.ErrInvalid},

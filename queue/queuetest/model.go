@@ -196,6 +196,9 @@ func (m *model) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 			continue
 		}
 		first[k] = i
+		if !e.ExpiresAt.IsZero() && !now.Before(e.ExpiresAt) {
+			return nil, &queue.EnqueueError{Index: i, Tenant: k.a, ID: k.b, Reason: envelope.ClassExpired, Err: queue.ErrExpired}
+		}
 		if ok, why := m.allows(e); !ok {
 			return nil, &queue.EnqueueError{Index: i, Tenant: k.a, ID: k.b, Reason: why, Err: queue.ErrConsentDenied}
 		}

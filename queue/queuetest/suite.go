@@ -53,6 +53,7 @@ func Exercise(t *testing.T, h Harness) {
 		{"ConsentWithdrawnAfterEnqueue", testConsentWithdrawn},
 		{"NotBefore", testNotBefore},
 		{"ExpiresAt", testExpiresAt},
+		{"EnqueueExpired", testEnqueueExpired},
 		{"ClaimOrder", testClaimOrder},
 		{"ClaimFilters", testClaimFilters},
 		{"ClaimRequestValidation", testClaimValidation},

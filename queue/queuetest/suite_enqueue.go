@@ -469,3 +469,30 @@ func testExpiresAt(t *testing.T, h Harness) {
 	f.noClaim("long after expiry")
 	f.wantState(dflt, "waiting", 0, envelope.StateExpired, envelope.ClassExpired)
 }
+
+// An envelope already past its expires_at is refused at enqueue (it could
+// never be delivered), with nothing of its call stored; one stored before
+// it expired is still a duplicate when posted again (idempotency first).
+func testEnqueueExpired(t *testing.T, h Harness) {
+	f := setup(t, h)
+	stored := Reply("stored", "u-1", "one")
+	stored.ExpiresAt = T0.Add(time.Minute)
+	f.enqueue(stored)
+
+	f.clock.Set(T0.Add(time.Minute)) // at expires_at exactly: expired
+	late := Reply("late", "u-1", "two")
+	late.ExpiresAt = T0.Add(time.Minute)
+	fresh := Reply("fresh", "u-1", "three")
+	_, err := f.s.Enqueue(f.ctx, fresh, late)
+	var ee *queue.EnqueueError
+	if !errors.Is(err, queue.ErrExpired) || !errors.As(err, &ee) || ee.Index != 1 || ee.Reason != envelope.ClassExpired || ee.ID != "late" {
+		t.Fatalf("Enqueue of an expired envelope = %v, want ErrExpired for index 1", err)
+	}
+	f.wantNotFound(dflt, "late")
+	f.wantNotFound(dflt, "fresh")
+
+	res, err := f.s.Enqueue(f.ctx, stored)
+	if err != nil || len(res) != 1 || !res[0].Duplicate {
+		t.Fatalf("re-post of a stored, now expired envelope = %+v, %v; want a duplicate", res, err)
+	}
+}
