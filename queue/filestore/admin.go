@@ -222,7 +222,7 @@ func (q *Queue) SetConsent(ctx context.Context, tenant, userID string, f queue.C
 		}
 		c.ConsentFlags = f
 		c.UpdatedAt = q.opts.Now().UTC()
-		return putConsent(tx, tenantOr(tenant), userID, c)
+		return q.record(tx, jrec{Op: jConsent, Tenant: tenantOr(tenant), User: userID, Consent: &c})
 	})
 }
 
@@ -244,7 +244,7 @@ func (q *Queue) Suppress(ctx context.Context, tenant, userID string, s queue.Sup
 		}
 		c.Add(s)
 		c.UpdatedAt = q.opts.Now().UTC()
-		return putConsent(tx, tenantOr(tenant), userID, c)
+		return q.record(tx, jrec{Op: jConsent, Tenant: tenantOr(tenant), User: userID, Consent: &c})
 	})
 }
 
@@ -286,6 +286,9 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 		if err := eraseSubscriptions(tx, tenant, userID); err != nil {
 			return err
 		}
+		if err := q.record(tx, jrec{Op: jErase, Tenant: tenant, User: userID}); err != nil {
+			return err
+		}
 		rel := logRel(tenant, userID)
 		_ = tx.Bucket(bktLogs).Delete([]byte(rel))
 		logs = append(logs, rel)
@@ -305,7 +308,15 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 		}
 		return nil
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	// The journal holds the user's consent and push endpoints: rewritten
+	// without them (the next Open does it if this fails or is cut short).
+	if err := q.forgetErased(); err != nil {
+		return fmt.Errorf("erase: %w (the next open of the store retries)", err)
+	}
+	return nil
 }
 
 // deleteEnvelope removes an envelope's entry, rows and index entries. It

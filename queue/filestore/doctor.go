@@ -19,12 +19,16 @@ import (
 
 // Report is the result of Check.
 type Report struct {
-	Logs        int      `json:"logs"`
-	Envelopes   int      `json:"envelopes"`
-	Rows        int      `json:"rows"`
-	Quarantined int      `json:"quarantined"`
-	Unindexed   int64    `json:"unindexed_bytes"` // complete log bytes past the indexed offsets
-	Problems    []string `json:"problems,omitempty"`
+	Logs        int   `json:"logs"`
+	Envelopes   int   `json:"envelopes"`
+	Rows        int   `json:"rows"`
+	Quarantined int   `json:"quarantined"`
+	Unindexed   int64 `json:"unindexed_bytes"` // complete log bytes past the indexed offsets
+	// The consent journal's records, and its complete bytes the index
+	// has not applied yet (the next open applies them).
+	Journal          int      `json:"journal_records"`
+	JournalUnapplied int64    `json:"journal_unapplied_bytes"`
+	Problems         []string `json:"problems,omitempty"`
 }
 
 // OK reports whether the check found no problem.
@@ -186,6 +190,8 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 		if leaseSeen != leaseWant {
 			bad("lease index has %d entries, rows want %d", leaseSeen, leaseWant)
 		}
+		js := checkJournal(tx, dir, bad)
+		rep.Journal, rep.JournalUnapplied = js.lines, js.unapplied
 		return nil
 	})
 	if err != nil {
@@ -260,10 +266,13 @@ func checkLog(dir, rel string, v []byte, unindexed *int64) string {
 // Rebuild rebuilds the index of the store in dir from its logs, after the
 // bbolt file was lost or damaged (or on request: outbox doctor --rebuild).
 // It never opens the old file, so it works on one that cannot be opened at
-// all. Consent records and delivery states cannot be recovered from the
-// logs: every rebuilt row whose envelope has not expired is unresolved
-// (class index_rebuilt), never redelivered automatically; an operator
-// requeues or resolves it. It returns the number of envelopes indexed.
+// all. Consent records, suppressions (the users' and the tenants' address
+// suppressions) and push subscriptions come back from the consent journal
+// (journal.go), applied before the logs. Delivery states cannot be
+// recovered from the logs: every rebuilt row whose envelope has not
+// expired is unresolved (class index_rebuilt), never redelivered
+// automatically; an operator requeues or resolves it. It returns the
+// number of envelopes indexed.
 //
 // It is atomic and crash-safe: it takes the data directory's lock, writes
 // StampFile (so that an index missing after a crash is a lost one, never
@@ -344,6 +353,14 @@ func fillIndex(dir string, db *bolt.DB, o Options) (int, error) {
 	}
 	defer q.app.Close()
 	if err := q.init(); err != nil {
+		return 0, err
+	}
+	// The consent journal first: consent, suppressions and
+	// subscriptions, as the logs' records are indexed after them.
+	if err := checkNotLink(filepath.Join(dir, journalDir)); err != nil {
+		return 0, err
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return rebuildJournal(tx, dir, q.log) }); err != nil {
 		return 0, err
 	}
 	rels, err := q.listLogs()

@@ -59,9 +59,18 @@ type Queue struct {
 	cache    *envCache
 
 	txDelta map[countKey]int // the running transaction's count changes (writer only)
-	cmu     sync.Mutex
-	counts  map[countKey]int // nil until the first Counts
-	closed  bool
+	// The consent journal (journal.go), writer only: the running
+	// transaction's lines (nil outside one), whether one is an erase,
+	// where the last flush put them, and whether lines a failed commit
+	// could not take back are still to apply.
+	txJournal []byte
+	jbuf      []byte
+	txErase   bool
+	jAppend   [2]int64
+	jReplay   bool
+	cmu       sync.Mutex
+	counts    map[countKey]int // nil until the first Counts
+	closed    bool
 
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -214,6 +223,13 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	}
 	q.m = newStoreMetrics(o.Registerer)
 	if err := q.init(); err != nil {
+		db.Close()
+		return nil, pointAtDoctor(dir, err)
+	}
+	// The journal's facts before the logs': an envelope appended while
+	// the store was closed is judged by the consent it has now.
+	if err := q.openJournal(); err != nil {
+		q.app.Close()
 		db.Close()
 		return nil, pointAtDoctor(dir, err)
 	}
@@ -399,14 +415,26 @@ func (q *Queue) writeLoop() {
 					err = &CorruptIndexError{Path: q.db.Path(), Reason: fmt.Sprint(r)}
 				}
 			}()
+			if err := q.journalBegin(tx); err != nil {
+				return err
+			}
 			for _, o := range batch {
-				o.err = o.fn(tx)
+				mark := len(q.txJournal)
+				if o.err = o.fn(tx); o.err != nil {
+					q.txJournal = q.txJournal[:mark]
+				}
+			}
+			// The journal's lines are durable before the commit that
+			// acknowledges them.
+			if err := q.flushJournal(tx); err != nil {
+				return err
 			}
 			if hook := q.beforeCommit.Load(); hook != nil {
 				return (*hook)()
 			}
 			return nil
 		})
+		q.journalDone(err)
 		if err == nil {
 			q.applyDelta(q.txDelta)
 		}

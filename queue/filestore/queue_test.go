@@ -44,6 +44,8 @@ func child(t testing.TB, mode, dir, arg string) *exec.Cmd {
 
 func runChild(mode, dir, arg string) int {
 	switch mode {
+	case "journal-crash":
+		return journalCrash(dir)
 	case "append": // arg: "prefix:count:users"
 		parts := strings.Split(arg, ":")
 		n, _ := strconv.Atoi(parts[1])

@@ -78,11 +78,11 @@ func (q *Queue) apply(tx *bolt.Tx, ek []byte, e *envRec, recs []rowRec, st *queu
 	}
 	c.Add(queue.SuppressionFor(env, st.Suppress, now))
 	c.UpdatedAt = now
-	if err := putConsent(tx, tenant, e.User, c); err != nil {
+	if err := q.record(tx, jrec{Op: jConsent, Tenant: tenant, User: e.User, Consent: &c}); err != nil {
 		return err
 	}
 	if a, ok := st.AddressSuppression(env, now); ok {
-		return putAddressSup(tx, tenant, a)
+		return q.putAddressSup(tx, tenant, a)
 	}
 	return nil
 }

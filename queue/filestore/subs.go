@@ -28,20 +28,17 @@ func (q *Queue) SaveSubscription(ctx context.Context, tenant, user string, sub e
 	}
 	tenant = tenantOr(tenant)
 	return q.write(ctx, false, func(tx *bolt.Tx) error {
-		v, err := json.Marshal(queue.Subscription{Sub: sub, Created: q.opts.Now().UTC()})
-		if err != nil {
-			return err
-		}
+		s := queue.Subscription{Sub: sub, Created: q.opts.Now().UTC()}
 		c, found, err := getConsent(tx, tenant, user)
 		if err != nil {
 			return err
 		}
 		if found && c.Resubscribed(sub.Endpoint) {
-			if err := putConsent(tx, tenant, user, c); err != nil {
+			if err := q.record(tx, jrec{Op: jConsent, Tenant: tenant, User: user, Consent: &c}); err != nil {
 				return err
 			}
 		}
-		return tx.Bucket(bktSubs).Put(subKey(tenant, user, sub.Endpoint), v)
+		return q.record(tx, jrec{Op: jSubscribe, Tenant: tenant, User: user, Sub: &s})
 	})
 }
 
@@ -54,7 +51,7 @@ func (q *Queue) DeleteSubscription(ctx context.Context, tenant, user, endpoint s
 		if tx.Bucket(bktSubs).Get(k) == nil {
 			return queue.ErrNotFound
 		}
-		return tx.Bucket(bktSubs).Delete(k)
+		return q.record(tx, jrec{Op: jUnsubscribe, Tenant: tenant, User: user, Target: queue.TargetOfValue("push:" + endpoint)})
 	})
 }
 
@@ -137,17 +134,11 @@ func addressSupOf(tx *bolt.Tx, env *envelope.Envelope) (*queue.Suppression, erro
 
 // putAddressSup stores the tenant's suppression a unless its target is
 // suppressed already (the first one stays).
-func putAddressSup(tx *bolt.Tx, tenant string, a queue.Suppression) error {
-	k := addrSupKey(tenant, a.Target)
-	b := tx.Bucket(bktAddrSup)
-	if b.Get(k) != nil {
+func (q *Queue) putAddressSup(tx *bolt.Tx, tenant string, a queue.Suppression) error {
+	if tx.Bucket(bktAddrSup).Get(addrSupKey(tenant, a.Target)) != nil {
 		return nil
 	}
-	v, err := json.Marshal(a)
-	if err != nil {
-		return err
-	}
-	return b.Put(k, v)
+	return q.record(tx, jrec{Op: jSuppressAdr, Tenant: tenant, Suppression: &a})
 }
 
 // SuppressEmail implements channels.Suppressor and queue.Store: a bounce or
@@ -157,7 +148,7 @@ func putAddressSup(tx *bolt.Tx, tenant string, a queue.Suppression) error {
 func (q *Queue) SuppressEmail(ctx context.Context, tenant, address string, reason envelope.ErrorClass) error {
 	tenant = tenantOr(tenant)
 	return q.write(ctx, false, func(tx *bolt.Tx) error {
-		return putAddressSup(tx, tenant, queue.EmailSuppression(address, reason, q.opts.Now().UTC()))
+		return q.putAddressSup(tx, tenant, queue.EmailSuppression(address, reason, q.opts.Now().UTC()))
 	})
 }
 
@@ -185,11 +176,11 @@ func (q *Queue) AddressSuppressions(ctx context.Context, tenant string) ([]queue
 
 // LiftAddressSuppression implements queue.Store.
 func (q *Queue) LiftAddressSuppression(ctx context.Context, tenant, target string) error {
-	k := addrSupKey(tenantOr(tenant), target)
+	tenant = tenantOr(tenant)
 	return q.write(ctx, false, func(tx *bolt.Tx) error {
-		if tx.Bucket(bktAddrSup).Get(k) == nil {
+		if tx.Bucket(bktAddrSup).Get(addrSupKey(tenant, target)) == nil {
 			return queue.ErrNotFound
 		}
-		return tx.Bucket(bktAddrSup).Delete(k)
+		return q.record(tx, jrec{Op: jLiftAdr, Tenant: tenant, Target: target})
 	})
 }
