@@ -61,7 +61,7 @@ type DiffConfig struct {
 // empty user id, an unknown suppression channel, a nil envelope or lease).
 var DiffOpKinds = []string{
 	"enqueue", "consent", "suppress", "suppress-email", "claim", "commit", "release", "advance",
-	"recover", "requeue", "resolve", "erase", "prune", "reopen", "edge", "close", "work",
+	"recover", "requeue", "resolve", "erase", "prune", "reopen", "rebuild", "edge", "close", "work",
 }
 
 // The options every store of a differential run is opened with (plus its
@@ -77,7 +77,9 @@ const (
 // and expires_at, consent refusals; claims with filters, limits and
 // ExpireToPending; commits of every outcome, stale and forged leases;
 // releases, lease expiry, recovery, requeue, resolve, erase, prune,
-// consent and suppression; Reopen for the stores that have it), applies
+// consent and suppression; Reopen, and a rebuild of the index on a copy
+// whose consent facts must be the store's, for the stores that have
+// them), applies
 // each operation to every store and to a small reference model of the
 // contract, and after each step compares what each returned and
 // everything observable: Get of every envelope (state, attempts, class,
@@ -723,6 +725,15 @@ func (r *diffRun) observe(p *party, step int) []line {
 	} else {
 		add("NextDue", at(due))
 	}
+	return append(out, r.observeFacts(s, "")...)
+}
+
+// observeFacts renders the consent facts of s: every user's consent and
+// the tenants' address suppressions, under keys that start with prefix.
+func (r *diffRun) observeFacts(s queue.Store, prefix string) []line {
+	ctx := r.ctx
+	var out []line
+	add := func(k, v string) { out = append(out, line{prefix + k, v}) }
 	for _, k := range sortedPairs(r.users) {
 		name := "Consent(" + k.a + "/" + k.b + ")"
 		c, err := s.Consent(ctx, k.a, k.b)
@@ -1172,6 +1183,23 @@ func (opClose) apply(r *diffRun, p *party) []line {
 		out = append(out, line{"op." + c.name, errText(c.call())})
 	}
 	return out
+}
+
+// opRebuild compares the consent facts that a rebuild of each store's
+// index recovers (on a copy) with the model's; a store without Rebuilt
+// (and the model) answers with its own facts, which nothing loses.
+type opRebuild struct{}
+
+func (opRebuild) kind() string   { return "rebuild" }
+func (opRebuild) String() string { return "Rebuilt() (the facts a rebuild of the index keeps)" }
+func (opRebuild) note(*diffRun)  {}
+func (opRebuild) apply(r *diffRun, p *party) []line {
+	if p.h.Rebuilt == nil {
+		return r.observeFacts(p.store, "rebuilt.")
+	}
+	s := p.h.Rebuilt(r.t, p.store, p.opts)
+	defer s.Close()
+	return r.observeFacts(s, "rebuilt.")
 }
 
 type opReopen struct{}

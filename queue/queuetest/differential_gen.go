@@ -22,6 +22,7 @@ type diffGen struct {
 	rng      *rand.Rand
 	weights  []weighted
 	reopen   bool
+	rebuild  bool
 	closing  bool
 	retry    float64 // share of retryable outcomes
 	e2p      float64 // share of ExpireToPending claims
@@ -39,13 +40,14 @@ type weighted struct {
 var diffWeights = []weighted{
 	{"enqueue", 14}, {"consent", 4}, {"suppress", 2}, {"suppress-email", 2}, {"claim", 14}, {"commit", 16},
 	{"release", 3}, {"advance", 12}, {"recover", 5}, {"requeue", 3}, {"resolve", 3},
-	{"erase", 2}, {"prune", 2}, {"reopen", 2}, {"edge", 1}, {"work", 10},
+	{"erase", 2}, {"prune", 2}, {"reopen", 2}, {"rebuild", 2}, {"edge", 1}, {"work", 10},
 }
 
 func newDiffGen(seed uint64, cfg DiffConfig) *diffGen {
 	g := &diffGen{rng: rand.New(rand.NewPCG(seed, 0x6f7574626f78)), excluded: cfg.Exclude}
 	for _, s := range cfg.Stores {
 		g.reopen = g.reopen || s.Harness.Reopen != nil
+		g.rebuild = g.rebuild || s.Harness.Rebuilt != nil
 	}
 	g.closing = !slices.Contains(cfg.Exclude, "close") && g.chance(1.0/3)
 	g.retry = oneOf(g, 0.15, 0.3, 0.3, 0.6)
@@ -59,7 +61,7 @@ func newDiffGen(seed uint64, cfg DiffConfig) *diffGen {
 		g.retry = oneOf(g, 0.6, 0.85)
 	}
 	for _, w := range diffWeights {
-		if slices.Contains(cfg.Exclude, w.kind) || (w.kind == "reopen" && !g.reopen) {
+		if slices.Contains(cfg.Exclude, w.kind) || (w.kind == "reopen" && !g.reopen) || (w.kind == "rebuild" && !g.rebuild) {
 			continue
 		}
 		switch {
@@ -206,6 +208,8 @@ func (g *diffGen) build(r *diffRun, kind string) diffOp {
 		return &opAdmin{what: "prune"}
 	case "reopen":
 		return opReopen{}
+	case "rebuild":
+		return opRebuild{}
 	case "edge":
 		tenant := oneOf(g, diffTenants...)
 		switch g.rng.IntN(5) {

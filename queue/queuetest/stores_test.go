@@ -1,6 +1,9 @@
 package queuetest_test
 
 import (
+	"io/fs"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/outboxhq/outbox/queue"
@@ -50,5 +53,43 @@ func fileHarness() queuetest.Harness {
 			}
 			return open(t, q.Dir(), opts)
 		},
+		Rebuilt: func(t testing.TB, s queue.Store, opts *queue.Options) queue.Store {
+			dir := t.TempDir()
+			copyData(t, s.(*filestore.Queue).Dir(), dir)
+			o := filestore.Options{NoSync: true}
+			if opts != nil {
+				o.Options = *opts
+			}
+			if _, err := filestore.Rebuild(dir, &o); err != nil {
+				t.Fatal(err)
+			}
+			return open(t, dir, opts)
+		},
+	}
+}
+
+// copyData copies a data directory's logs and journal (what a rebuild
+// reads), not its index.
+func copyData(t testing.TB, from, to string) {
+	t.Helper()
+	err := filepath.WalkDir(from, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(from, p)
+		switch {
+		case d.IsDir():
+			return os.MkdirAll(filepath.Join(to, rel), 0o700)
+		case !d.Type().IsRegular() || rel == filestore.IndexFile:
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(to, rel), b, 0o600)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -21,6 +21,12 @@ type Harness struct {
 	// Reopen, optional (nil for an in-memory store), closes s and opens the
 	// same store again with the same options, for persistence tests.
 	Reopen func(t testing.TB, s queue.Store, opts *queue.Options) queue.Store
+	// Rebuilt, optional (nil for a store whose index cannot be lost),
+	// returns a store opened on what a rebuild of s's index from its
+	// durable files recovers, built on a copy (s stays open and as it
+	// was); the caller closes it. Differential checks that it holds the
+	// same consent facts as s.
+	Rebuilt func(t testing.TB, s queue.Store, opts *queue.Options) queue.Store
 }
 
 // T0 is the time at which every subtest's Clock starts.
