@@ -22,7 +22,7 @@ func init() {
 
 func runDoctor(ctx context.Context, e *env, args []string) int {
 	s := newSettings("doctor", e)
-	s.usage("Usage: outbox doctor [--rebuild] [--json]\n\nChecks the store in --data: bbolt's own consistency, every log offset and\nrecord against its index entry, every row against the due and lease indexes.\nWhen the index file is missing or cannot be opened it is rebuilt from the\nlogs (the broken file is kept as index.db.broken-TIME); --rebuild forces that.\nRebuilt rows whose fate is unknown become unresolved, never redelivered\nautomatically. Works through a running serve (check only).\n\nFlags:\n")
+	s.usage("Usage: outbox doctor [--rebuild] [--json]\n\nChecks the store in --data: bbolt's own consistency, every log offset and\nrecord against its index entry, every row against the due and lease indexes,\nthe consent journal against the index.\nWhen the index file is missing or cannot be opened it is rebuilt from the\nlogs and the consent journal (the broken file is kept as index.db.broken-TIME);\n--rebuild forces that. Consent, suppressions and push subscriptions come back\nfrom the journal. Rebuilt rows whose fate is unknown become unresolved, never\nredelivered automatically. Works through a running serve (check only).\n\nFlags:\n")
 	data := dataFlag(s)
 	rebuild := s.fs.Bool("rebuild", false, "rebuild the index from the logs (stop outbox serve first)")
 	js := s.fs.Bool("json", false, "print the report as JSON")
@@ -62,7 +62,7 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		case broken:
 			why = "the index cannot be read (" + rep.Problems[0] + ")"
 		}
-		fmt.Fprintf(e.Stdout, "rebuilding the index from the logs: %s\n", why)
+		fmt.Fprintf(e.Stdout, "rebuilding the index from the logs and the consent journal: %s\n", why)
 		n, err := filestore.Rebuild(*data, nil)
 		if err != nil {
 			return fail(e, "rebuild: %v", err)
@@ -75,7 +75,8 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 	if *js {
 		printJSON(e, rep)
 	} else {
-		fmt.Fprintf(e.Stdout, "logs %d, envelopes %d, rows %d, quarantined lines %d, unindexed bytes %d\n", rep.Logs, rep.Envelopes, rep.Rows, rep.Quarantined, rep.Unindexed)
+		fmt.Fprintf(e.Stdout, "logs %d, envelopes %d, rows %d, quarantined lines %d, unindexed bytes %d, consent journal records %d (bytes not applied yet %d)\n",
+			rep.Logs, rep.Envelopes, rep.Rows, rep.Quarantined, rep.Unindexed, rep.Journal, rep.JournalUnapplied)
 		for _, p := range rep.Problems {
 			fmt.Fprintln(e.Stdout, "problem:", p)
 		}
@@ -169,11 +170,21 @@ func runPath(ctx context.Context, e *env, args []string) int {
 // doctorAdvice is doctor's closing line for problems it found. A rebuild
 // helps only the index itself: records gone from the logs cannot come back
 // from one, and it would make every row, sent ones too, unresolved.
+// Nor does it help the consent journal: it reads the journal, and would
+// lose the facts that only the index holds.
 func doctorAdvice(problems []string) string {
+	logs := false
 	for _, p := range problems {
-		if !strings.HasPrefix(p, "log ") && !strings.HasPrefix(p, "envelope record ") {
-			return "the store has problems; outbox doctor --rebuild rebuilds the index from the logs"
+		switch {
+		case strings.HasPrefix(p, "journal "):
+		case strings.HasPrefix(p, "log "), strings.HasPrefix(p, "envelope record "):
+			logs = true
+		default:
+			return "the store has problems; outbox doctor --rebuild rebuilds the index from the logs and the consent journal"
 		}
+	}
+	if !logs {
+		return "the store's consent journal has problems (see the hints above); a rebuild reads the journal and would lose what it lacks, so do not rebuild for these"
 	}
 	return "the store has problems in its logs (see the hints above); a rebuild cannot bring back records that are gone from them, and their rows end dead_letter (record_lost) when claimed, so do not rebuild for these"
 }
