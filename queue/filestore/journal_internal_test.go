@@ -3,8 +3,6 @@ package filestore
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -18,16 +16,6 @@ import (
 // its ops and the journal's append, before the commit (for the children
 // of the external tests).
 func BeforeCommit(q *Queue, fn func() error) { q.setBeforeCommit(fn) }
-
-func openJ(t *testing.T, dir string) *Queue {
-	t.Helper()
-	q, err := Open(dir, &Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, DisableWatcher: true, RescanInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { q.Close() })
-	return q
-}
 
 func readJournal(t *testing.T, dir string) string {
 	t.Helper()
@@ -52,7 +40,7 @@ func grant(t *testing.T, q *Queue, tenant, user string) {
 // journal goes on with complete lines that a rebuild reads.
 func TestJournal_TornLastLine(t *testing.T) {
 	dir := t.TempDir()
-	q := openJ(t, dir)
+	q := openFault(t, dir)
 	grant(t, q, "", "u-1")
 	q.Close()
 	whole := readJournal(t, dir)
@@ -67,7 +55,7 @@ func TestJournal_TornLastLine(t *testing.T) {
 		t.Fatalf("Check with a torn line = %+v, %v; want 1 record, no problem", rep, err)
 	}
 
-	q = openJ(t, dir)
+	q = openFault(t, dir)
 	if c, _ := q.Consent(context.Background(), "", "u-2"); c.DigestEnabled {
 		t.Fatal("the torn line was applied")
 	}
@@ -82,7 +70,7 @@ func TestJournal_TornLastLine(t *testing.T) {
 	if _, err := Rebuild(dir, nil); err != nil {
 		t.Fatal(err)
 	}
-	q = openJ(t, dir)
+	q = openFault(t, dir)
 	for _, u := range []string{"u-1", "u-3"} {
 		if c, _ := q.Consent(context.Background(), "", u); !c.DigestEnabled {
 			t.Errorf("%s lost its consent in the rebuild", u)
@@ -95,7 +83,7 @@ func TestJournal_TornLastLine(t *testing.T) {
 // does not bring the user back.
 func TestJournal_EraseRemovesTheUsersLines(t *testing.T) {
 	dir := t.TempDir()
-	q := openJ(t, dir)
+	q := openFault(t, dir)
 	ctx := context.Background()
 	const gone, kept = "https://push.example.net/wpush/erased-endpoint", "https://push.example.net/wpush/kept-endpoint"
 	grant(t, q, "acme", "u-erased")
@@ -138,7 +126,7 @@ func TestJournal_EraseRemovesTheUsersLines(t *testing.T) {
 	if _, err := Rebuild(dir, nil); err != nil {
 		t.Fatal(err)
 	}
-	q = openJ(t, dir)
+	q = openFault(t, dir)
 	c, _ := q.Consent(ctx, "acme", "u-erased")
 	subs, _ := q.Subscriptions(ctx, "acme", "u-erased")
 	if !c.DigestEnabled || len(c.Suppressions) != 0 || len(subs) != 0 {
@@ -153,7 +141,7 @@ func TestJournal_EraseRemovesTheUsersLines(t *testing.T) {
 // erase committed) is finished by the next Open.
 func TestJournal_EraseRewriteFinishedAtOpen(t *testing.T) {
 	dir := t.TempDir()
-	q := openJ(t, dir)
+	q := openFault(t, dir)
 	ctx := context.Background()
 	const ep = "https://push.example.net/wpush/erased-endpoint"
 	grant(t, q, "", "u-1")
@@ -171,7 +159,7 @@ func TestJournal_EraseRewriteFinishedAtOpen(t *testing.T) {
 	if !strings.Contains(readJournal(t, dir), ep) {
 		t.Fatal("setup: the endpoint is not in the journal")
 	}
-	q = openJ(t, dir)
+	q = openFault(t, dir)
 	if j := readJournal(t, dir); strings.Contains(j, ep) || strings.Contains(j, "u-1") {
 		t.Fatalf("Open left the erased user's lines: %s", j)
 	}
@@ -184,7 +172,7 @@ func TestJournal_EraseRewriteFinishedAtOpen(t *testing.T) {
 // the change the caller was told failed does not come back in a rebuild.
 func TestJournal_FailedCommitTakesItsLinesBack(t *testing.T) {
 	dir := t.TempDir()
-	q := openJ(t, dir)
+	q := openFault(t, dir)
 	grant(t, q, "", "u-1")
 	before := readJournal(t, dir)
 	q.setBeforeCommit(func() error { return errors.New("disk says no") })
@@ -200,7 +188,7 @@ func TestJournal_FailedCommitTakesItsLinesBack(t *testing.T) {
 	if _, err := Rebuild(dir, nil); err != nil {
 		t.Fatal(err)
 	}
-	q = openJ(t, dir)
+	q = openFault(t, dir)
 	if c, _ := q.Consent(context.Background(), "", "u-1"); len(c.Suppressions) != 0 || !c.DigestEnabled {
 		t.Fatalf("after the rebuild: %+v, want the failed unsubscribe absent", c)
 	}
@@ -213,7 +201,7 @@ func TestJournal_MissingJournalWrittenFromIndex(t *testing.T) {
 	for _, how := range []string{"deleted", "older index"} {
 		t.Run(how, func(t *testing.T) {
 			dir := t.TempDir()
-			q := openJ(t, dir)
+			q := openFault(t, dir)
 			ctx := context.Background()
 			grant(t, q, "", "u-1")
 			if err := q.Suppress(ctx, "", "u-1", unsubscribed); err != nil {
@@ -238,7 +226,7 @@ func TestJournal_MissingJournalWrittenFromIndex(t *testing.T) {
 			if err != nil || rep.OK() || !strings.HasPrefix(rep.Problems[0], "journal ") || !strings.Contains(rep.Problems[0], "3 consent records") {
 				t.Fatalf("Check = %+v, %v; want the missing journal reported", rep, err)
 			}
-			q = openJ(t, dir)
+			q = openFault(t, dir)
 			q.Close()
 			if rep, err := Check(dir); err != nil || !rep.OK() || rep.Journal != 3 {
 				t.Fatalf("Check after Open = %+v, %v", rep, err)
@@ -246,7 +234,7 @@ func TestJournal_MissingJournalWrittenFromIndex(t *testing.T) {
 			if _, err := Rebuild(dir, nil); err != nil {
 				t.Fatal(err)
 			}
-			q = openJ(t, dir)
+			q = openFault(t, dir)
 			c, _ := q.Consent(ctx, "", "u-1")
 			a, _ := q.AddressSuppressions(ctx, "acme")
 			s, _ := q.Subscriptions(ctx, "", "u-1")
@@ -261,7 +249,7 @@ func TestJournal_MissingJournalWrittenFromIndex(t *testing.T) {
 // skipped by Open and Rebuild; the lines around it are applied.
 func TestJournal_DamagedLineReported(t *testing.T) {
 	dir := t.TempDir()
-	q := openJ(t, dir)
+	q := openFault(t, dir)
 	grant(t, q, "", "u-1")
 	grant(t, q, "", "u-2")
 	q.Close()
@@ -277,7 +265,7 @@ func TestJournal_DamagedLineReported(t *testing.T) {
 	if _, err := Rebuild(dir, nil); err != nil {
 		t.Fatal(err)
 	}
-	q = openJ(t, dir)
+	q = openFault(t, dir)
 	if c, _ := q.Consent(context.Background(), "", "u-2"); !c.DigestEnabled {
 		t.Fatal("the line after the damaged one was not applied")
 	}
