@@ -295,10 +295,11 @@ func (q *Queue) replayInto(tx *bolt.Tx, from int64) (int64, error) {
 
 // openJournal brings the index up to date with the journal at Open: it
 // applies the records past the position the index recorded (all of them
-// when the journal was replaced or cut shorter, or the index is new), cuts
-// a torn tail, writes the journal from the index when it is missing while
-// the index holds facts (an index from before the journal, or a journal
-// deleted), and finishes an erase's rewrite.
+// when the index is new, or the journal is an erase's rewrite whose commit
+// was lost), cuts a torn tail, writes the journal from the index when it
+// is missing while the index holds facts (an index from before the
+// journal, or a journal deleted) or when it was replaced or cut by hand
+// (the index is then the newer truth), and finishes an erase's rewrite.
 func (q *Queue) openJournal() error {
 	if err := checkNotLink(filepath.Join(q.dir, journalDir)); err != nil {
 		return fmt.Errorf("open store: %w", err)
@@ -326,8 +327,20 @@ func (q *Queue) openJournal() error {
 				return meta.Put(keyJournal, journalPos(size, ino))
 			}
 			return meta.Put(keyJournal, journalPos(0, 0))
+		case known && (ino != applied || size < off) && meta.Get(keyJournalErase) == nil:
+			// Not this store's doing (its own rewrites leave the erase
+			// mark until they commit): an older copy or a cut file,
+			// whose records must not undo the index's newer ones.
+			q.log.Warn("consent journal replaced or cut shorter than the index applied: written again from the index")
+			size, ino, err := q.snapshotJournal(tx)
+			if err != nil {
+				return err
+			}
+			return meta.Put(keyJournal, journalPos(size, ino))
 		case known && (ino != applied || size < off):
-			q.log.Warn("consent journal replaced or cut shorter than the index applied: applied again from its start")
+			// An erase's rewrite renamed in before its commit: the
+			// index's facts less the erased user's, and perhaps lines
+			// appended after it that were never acknowledged.
 		case known:
 			from = off
 		}
@@ -533,7 +546,7 @@ func checkJournal(tx *bolt.Tx, dir string, bad func(format string, a ...any)) jo
 	path := JournalPath(dir)
 	off, applied, known := logPos(tx.Bucket(bktMeta).Get(keyJournal))
 	size, ino, err := applog.PathSize(path)
-	const later = "hint: the next open of the store applies it again from its start"
+	const later = "hint: the next open of the store (outbox serve) writes it again from the index; a rebuild before that loses what the journal lacks"
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		if n := factCount(tx); n > 0 && (!known || off > 0) {
@@ -553,7 +566,7 @@ func checkJournal(tx *bolt.Tx, dir string, bad func(format string, a ...any)) jo
 	case known && ino != applied:
 		bad("journal %s: replaced (inode %d, the index applied inode %d); %s", journalRel, ino, applied, later)
 	case known && size < off:
-		bad("journal %s: truncated (%d bytes, shorter than the offset the index applied, %d); the facts cut from it are only in the index, and a rebuild loses them; %s", journalRel, size, off, later)
+		bad("journal %s: truncated (%d bytes, shorter than the offset the index applied, %d); %s", journalRel, size, off, later)
 	}
 	end, err := scanJournal(path, 0, func(at int64, _ *jrec, _ []byte, perr error) error {
 		if perr != nil {

@@ -270,3 +270,55 @@ func TestJournal_DamagedLineReported(t *testing.T) {
 		t.Fatal("the line after the damaged one was not applied")
 	}
 }
+
+// A journal replaced by an older copy (a backup restored by hand) or cut
+// short: its records never undo the index's newer ones; doctor says so,
+// and Open writes the journal again from the index, which a rebuild then
+// reads.
+func TestJournal_ReplacedByAnOlderCopy(t *testing.T) {
+	for _, how := range []string{"older copy", "cut"} {
+		t.Run(how, func(t *testing.T) {
+			dir := t.TempDir()
+			q := openFault(t, dir)
+			grant(t, q, "", "u-1")
+			old := readJournal(t, dir)
+			if err := q.Suppress(context.Background(), "", "u-1", unsubscribed); err != nil {
+				t.Fatal(err)
+			}
+			q.Close()
+			if how == "cut" {
+				if err := os.Truncate(JournalPath(dir), int64(len(old))); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				tmp := JournalPath(dir) + ".restored"
+				if err := os.WriteFile(tmp, []byte(old), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(tmp, JournalPath(dir)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rep, err := Check(dir)
+			if err != nil || rep.OK() || !strings.HasPrefix(rep.Problems[0], "journal ") || !strings.Contains(rep.Problems[0], "writes it again from the index") {
+				t.Fatalf("Check = %+v, %v; want the journal reported", rep, err)
+			}
+			want := func(q *Queue, when string) {
+				t.Helper()
+				if c, _ := q.Consent(context.Background(), "", "u-1"); len(c.Suppressions) != 1 {
+					t.Fatalf("consent %s = %+v, want still unsubscribed", when, c)
+				}
+			}
+			q = openFault(t, dir)
+			want(q, "after Open")
+			q.Close()
+			if rep, err := Check(dir); err != nil || !rep.OK() {
+				t.Fatalf("Check after Open = %+v, %v", rep, err)
+			}
+			if _, err := Rebuild(dir, nil); err != nil {
+				t.Fatal(err)
+			}
+			want(openFault(t, dir), "after a rebuild")
+		})
+	}
+}
