@@ -298,12 +298,9 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 		for _, rel := range uniq(logs) {
 			p := filepath.Join(q.dir, rel)
 			q.app.Exclusive(rel, func() {
-				ino, err := inode(p)
 				_ = os.Remove(p)
 				_ = os.Remove(p + quarantineExt)
-				if err == nil {
-					q.forgetLog(rel, ino)
-				}
+				q.forgetLog(rel)
 			})
 		}
 		return nil

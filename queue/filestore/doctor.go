@@ -346,7 +346,7 @@ func fillIndex(dir string, db *bolt.DB, o Options) (int, error) {
 		db:       db,
 		rebuild:  true,
 		inflight: map[string]struct{}{},
-		known:    map[string]*prepared{},
+		known:    map[string][]*prepared{},
 		cache:    newEnvCache(1),
 		app:      applog.NewAppender(dir, nil),
 		m:        newStoreMetrics(nil),

@@ -69,28 +69,33 @@ func (q *Queue) removeLogLocked(rel, tenant, user string) {
 	if idle, err := applog.NothingPast(f, off); err != nil || !idle {
 		return
 	}
-	ino, err := inode(path)
 	_ = os.Remove(path)
 	_ = os.Remove(path + quarantineExt)
-	if err == nil {
-		q.forgetLog(rel, ino)
-	}
+	// Only the cache: a record appended in process and not indexed yet
+	// is not in this file (nothing lies past its indexed offset), so it
+	// went with an earlier file of the log; it stays known, to be indexed
+	// and found lost (indexMissing), never forgotten.
+	q.cache.dropLog(rel)
 	_ = q.write(context.Background(), false, func(tx *bolt.Tx) error {
 		return tx.Bucket(bktLogs).Delete([]byte(rel))
 	})
 }
 
-// forgetLog forgets what this process remembers of the removed log rel
-// (inode ino): its cached envelopes, and its records appended in process
-// and not indexed yet (an Erase took them with the log), so that nothing
-// of it is read back from memory or indexed after the removal.
-func (q *Queue) forgetLog(rel string, ino uint64) {
+// forgetLog forgets what this process remembers of the log rel that an
+// Erase removed: its cached envelopes, and its records appended in process
+// and not indexed yet, whichever file they went to (an Erase took them
+// with the log), so that nothing of it is read back from memory or indexed
+// after the removal. It runs under the log's Exclusive: no append of rel
+// is under way, and every record appended before is registered.
+func (q *Queue) forgetLog(rel string) {
 	q.cache.dropLog(rel)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for k, p := range q.known {
-		if p.rel == rel && p.ino == ino {
-			delete(q.known, k)
+	for k, ps := range q.known {
+		for _, p := range ps {
+			if p.rel == rel {
+				q.dropKnownLocked(k, p)
+			}
 		}
 	}
 }

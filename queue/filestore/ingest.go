@@ -39,13 +39,17 @@ type prepared struct {
 func knownKey(rel string, off int64) string { return rel + "\x00" + strconv.FormatInt(off, 10) }
 
 // register makes the appended records of an in-process Enqueue known to
-// catch-ups until it has been indexed.
+// catch-ups until it has been indexed. A key may hold several records: a
+// log deleted or replaced under the store is appended to again from
+// offset 0, and its new records land at the offsets of older ones that
+// are not indexed yet (knownAt tells them apart by their bytes).
 func (q *Queue) register(items []*prepared) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, it := range items {
 		if !it.dup {
-			q.known[knownKey(it.rel, it.off)] = it
+			k := knownKey(it.rel, it.off)
+			q.known[k] = append(q.known[k], it)
 		}
 	}
 }
@@ -56,17 +60,58 @@ func (q *Queue) unregister(items []*prepared) {
 	for _, it := range items {
 		// Only its own entry: a record whose append failed has no
 		// offset, and another record may be registered at that key.
-		if k := knownKey(it.rel, it.off); !it.dup && q.known[k] == it {
-			delete(q.known, k)
+		if !it.dup {
+			q.dropKnownLocked(knownKey(it.rel, it.off), it)
 		}
 	}
 }
 
-func (q *Queue) lookup(key string) *prepared {
+// dropKnownLocked removes p from the records known at key k (q.mu held).
+func (q *Queue) dropKnownLocked(k string, p *prepared) {
+	ps := q.known[k]
+	for i, x := range ps {
+		if x == p {
+			ps = append(ps[:i:i], ps[i+1:]...)
+			break
+		}
+	}
+	if len(ps) == 0 {
+		delete(q.known, k)
+	} else {
+		q.known[k] = ps
+	}
+}
+
+// knownAt returns the record appended in process, and not indexed yet,
+// that is the line at offset off of log rel as read now: one registered at
+// that offset with these very bytes. An offset alone does not tell: after
+// the log was deleted or replaced, its new file holds other records there
+// (and an inode number can be reused).
+func (q *Queue) knownAt(rel string, off int64, line []byte) *prepared {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.known[key]
+	for _, p := range q.known[knownKey(rel, off)] {
+		if len(p.line) == len(line)+1 && bytes.Equal(p.line[:len(line)], line) {
+			return p
+		}
+	}
+	return nil
 }
+
+// registered reports whether p is still known (not indexed, not erased).
+func (q *Queue) registered(p *prepared) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, x := range q.known[knownKey(p.rel, p.off)] {
+		if x == p {
+			return true
+		}
+	}
+	return false
+}
+
+// knownFunc finds a record appended in process (knownAt).
+type knownFunc func(rel string, off int64, line []byte) *prepared
 
 // Enqueue implements Store. The records are appended to the users' logs
 // (one write and one fsync per log, shared with concurrent enqueues) and
@@ -187,7 +232,10 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 			if tx.Bucket(bktEnv).Get(its[len(its)-1].ek) != nil {
 				continue
 			}
-			if err := q.catchUp(tx, w.rel, q.lookup, its[0]); err != nil {
+			if err := q.catchUp(tx, w.rel, q.knownAt, its[0]); err != nil {
+				return err
+			}
+			if err := q.indexMissing(tx, its); err != nil {
 				return err
 			}
 		}
@@ -213,6 +261,27 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 		}
 	}
 	return res, nil
+}
+
+// indexMissing indexes, at their place, the records of its that the
+// catch-up of their log did not find there: the log was deleted, truncated
+// or replaced after they were appended. They were acknowledged, so they
+// are indexed all the same, and their rows end record_lost when claimed
+// (readEnvelope finds another record or none at their place), like an
+// indexed envelope whose record vanished. A record an Erase took is no
+// longer registered and stays out.
+func (q *Queue) indexMissing(tx *bolt.Tx, its []*prepared) error {
+	for _, it := range its {
+		if tx.Bucket(bktEnv).Get(it.ek) != nil || !q.registered(it) {
+			continue
+		}
+		q.log.Warn("an acknowledged record is no longer in its log (deleted, truncated or replaced under the store): indexed at its place, dead-lettered (record_lost) when claimed",
+			"operation", "ingest", "status", "record_lost")
+		if _, err := q.indexRecord(tx, it.rel, it.off, len(it.line)-1, it.env, it.segs, it.at, true, it.seq); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkConsent refuses the call when current consent, or the tenant's
@@ -451,32 +520,6 @@ func logPos(v []byte) (off int64, ino uint64, ok bool) {
 	return int64(binary.BigEndian.Uint64(v)), binary.BigEndian.Uint64(v[8:]), true
 }
 
-// catchUpKnown indexes, without reading the log, the chain of in-process
-// records that starts exactly at the log's stored offset, and moves the
-// offset past them. It reports false when the record at the stored offset
-// is not known (another process's line, a torn line, a replaced file): the
-// caller then reads the log. off, ino and indexed are the log's stored
-// position (logPos).
-func (q *Queue) catchUpKnown(tx *bolt.Tx, rel string, known func(string) *prepared, off int64, ino uint64, indexed bool) (bool, error) {
-	logs := tx.Bucket(bktLogs)
-	p := known(knownKey(rel, off))
-	if p == nil || (indexed && ino != p.ino) {
-		return false, nil
-	}
-	ino = p.ino
-	for ; p != nil; p = known(knownKey(rel, off)) {
-		if _, err := q.indexRecord(tx, rel, off, len(p.line)-1, p.env, p.segs, p.at, true, p.seq); err != nil {
-			return false, err
-		}
-		// Cached here, in the writer's order, not by Enqueue: an Erase
-		// of the log that commits first drops the record (forgetLog)
-		// and it is never cached.
-		q.cache.put(cacheKey(rel, off), p.env)
-		off += int64(len(p.line))
-	}
-	return true, logs.Put([]byte(rel), append(u64(uint64(off)), u64(ino)...))
-}
-
 // catchUp indexes the complete lines of log rel past its stored offset and
 // stores the new offset, all in tx. known maps "rel 0 offset" to records
 // this process already validated; mine, when not nil, is the first record
@@ -491,18 +534,12 @@ func (q *Queue) catchUpKnown(tx *bolt.Tx, rel string, known func(string) *prepar
 // cut first), and one where no line ends at that offset any more (cut,
 // then written past it again). The statx and the read are the ones a
 // catch-up always makes; only the byte before the offset is read too.
-func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared, mine *prepared) error {
+func (q *Queue) catchUp(tx *bolt.Tx, rel string, known knownFunc, mine *prepared) error {
 	logs := tx.Bucket(bktLogs)
 	off, ino, indexed := logPos(logs.Get([]byte(rel)))
 	var reset logReset
 	if indexed && mine != nil && mine.ino == ino && mine.off < off {
 		reset = resetTruncated
-	}
-	if known != nil && reset == "" {
-		done, err := q.catchUpKnown(tx, rel, known, off, ino, indexed)
-		if done || err != nil {
-			return err
-		}
 	}
 	path := filepath.Join(q.dir, rel)
 	size, fino, err := applog.PathSize(path)
@@ -591,7 +628,7 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known func(string) *prepared, m
 type ingestion struct {
 	rel   string
 	fino  uint64 // the log's inode
-	known func(string) *prepared
+	known knownFunc
 	reset logReset
 	moved map[string]bool // records found elsewhere in a reset log
 	now   time.Time
@@ -607,9 +644,7 @@ func (q *Queue) ingestLines(tx *bolt.Tx, ing *ingestion, data []byte, base int64
 	for _, ln := range applog.Lines(data, base) {
 		var p *prepared
 		if known != nil {
-			if p = known(knownKey(rel, ln.Off)); p != nil && p.ino != ing.fino {
-				p = nil // appended to the file that was there before
-			}
+			p = known(rel, ln.Off, ln.Data)
 		}
 		if v := skip.Get(append([]byte(rel+"\x00"), u64(uint64(ln.Off))...)); v != nil {
 			continue
@@ -667,6 +702,12 @@ func (q *Queue) ingestLines(tx *bolt.Tx, ing *ingestion, data []byte, base int64
 		}
 		if p == nil && ok {
 			q.m.ingested.Inc()
+		}
+		if p != nil && ok {
+			// Cached here, in the writer's order, not by Enqueue: an
+			// Erase of the log that commits first drops the record
+			// (forgetLog) and it is never cached.
+			q.cache.put(cacheKey(rel, ln.Off), p.env)
 		}
 	}
 	return -1, nil

@@ -283,3 +283,62 @@ func TestLogFault_ReplacedLog(t *testing.T) {
 	}
 	noLogProblem(t, rep)
 }
+
+// (a) A log removed after an enqueue was acknowledged and before its index
+// update ran, then appended to again (its new file reaches the same
+// offsets): the first records are still indexed, and end record_lost when
+// claimed; they are never forgotten because a later record of the new file
+// landed at their offset, and never taken for the new file's records.
+func TestLogFault_DeletedBeforeIndexed(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		before, after []*envelope.Envelope
+	}{
+		{"no new record", []*envelope.Envelope{replyEnv("d-a", "u1", "hello")}, nil},
+		{"same offset", []*envelope.Envelope{replyEnv("d-a", "u1", "hello")}, []*envelope.Envelope{replyEnv("d-b", "u1", "hello")}},
+		{"same offsets, two each", []*envelope.Envelope{replyEnv("d-a", "u1", "hello"), replyEnv("d-b", "u1", "hello")},
+			[]*envelope.Envelope{replyEnv("d-c", "u1", "hello"), replyEnv("d-d", "u1", "hello")}},
+		// The new file's first record covers both old ones; the next one
+		// starts where the second old one started in the old file.
+		{"other offsets", []*envelope.Envelope{replyEnv("d-a", "u1", "hello"), replyEnv("d-b", "u1", "hello")},
+			[]*envelope.Envelope{replyEnv("d-c", "u1", strings.Repeat("long ", 40)), replyEnv("d-d", "u1", "hello")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			q := openFault(t, dir)
+			release := holdWriter(t, q)
+			ctx := context.Background()
+			if _, err := q.Enqueue(ctx, tc.before...); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(LogPath(dir, "", "u1")); err != nil {
+				t.Fatal(err)
+			}
+			var lost, kept []string
+			for _, e := range tc.before {
+				lost = append(lost, e.ID)
+			}
+			if len(tc.after) > 0 {
+				if _, err := q.Enqueue(ctx, tc.after...); err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range tc.after {
+					kept = append(kept, e.ID)
+				}
+				wantInLog(t, dir, "u1", kept...)
+			}
+			release()
+			for _, id := range append(append([]string(nil), lost...), kept...) {
+				if _, err := q.Get(ctx, "", id); err != nil {
+					t.Errorf("%s acknowledged, then %v", id, err)
+				}
+			}
+			leases := claimAll(t, q)
+			wantLeased(t, leases, kept...)
+			wantLost(t, q, leases, lost...)
+			q = reopen(t, q, dir)
+			mustEnqueue(t, q, replyEnv("d-later", "u1", "hello"))
+			wantLeased(t, claimAll(t, q), "d-later")
+		})
+	}
+}

@@ -188,6 +188,7 @@ func TestOldReserve_ReadAppendedAndPruned(t *testing.T) {
 		t.Fatal(err)
 	}
 	var rel = applog.RelPath(envelope.DefaultTenant, "u1")
+	q.barrier() // its catch-up reads the log, and learns its tail, first
 	q.app.Exclusive(rel, func() {})
 	if ok := q.app.Settled(rel); ok {
 		t.Fatal("Settled after Exclusive (the file may have been replaced)")

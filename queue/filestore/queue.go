@@ -52,10 +52,10 @@ type Queue struct {
 	beforeCommit atomic.Pointer[func() error]
 
 	mu       sync.Mutex
-	submitMu sync.Mutex           // orders index submissions with lastIdx
-	lastIdx  *op                  // the last index update submitted (guarded by mu)
-	inflight map[string]struct{}  // env keys being enqueued in process
-	known    map[string]*prepared // appended in process, not yet indexed: "log 0 offset" → record
+	submitMu sync.Mutex             // orders index submissions with lastIdx
+	lastIdx  *op                    // the last index update submitted (guarded by mu)
+	inflight map[string]struct{}    // env keys being enqueued in process
+	known    map[string][]*prepared // appended in process, not yet indexed: "log 0 offset" → records (register)
 	cache    *envCache
 
 	txDelta map[countKey]int // the running transaction's count changes (writer only)
@@ -211,7 +211,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		ops:      make(chan *op, 1024),
 		notify:   make(chan struct{}, 1),
 		inflight: map[string]struct{}{},
-		known:    map[string]*prepared{},
+		known:    map[string][]*prepared{},
 		cache:    newEnvCache(envCacheSize),
 		stop:     make(chan struct{}),
 		ready:    make(chan struct{}),

@@ -313,15 +313,18 @@ func (a *Appender) flush(rel string, g *group, batch []*request) {
 	}
 	g.io.Lock()
 	start, ino, err := a.appendTo(rel, g, buf)
-	g.io.Unlock()
 	off := start
 	for _, r := range batch {
 		r.off, r.ino, r.err = off, ino, err
 		off += int64(len(r.data))
 		if err == nil && r.written != nil {
+			// Still under g.io: an Exclusive of the log (an Erase
+			// removing it) comes before the append or after its
+			// callbacks, never between them.
 			r.written(r.off, r.ino)
 		}
 	}
+	g.io.Unlock()
 	for _, r := range batch {
 		close(r.done)
 	}
