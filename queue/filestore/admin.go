@@ -313,7 +313,8 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 	if err := q.forgetErased(); err != nil {
 		return fmt.Errorf("erase: %w (the next open of the store retries)", err)
 	}
-	return nil
+	// Out of the index file too, not only out of what bbolt reads.
+	return q.scrubIndex(ctx)
 }
 
 // deleteEnvelope removes an envelope's entry, rows and index entries. It

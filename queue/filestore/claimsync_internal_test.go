@@ -39,7 +39,7 @@ func TestClaim_UnsyncedOnlyForTheListedChannels(t *testing.T) {
 		t.Fatal(err)
 	}
 	var noSync []bool // the writer's fsync setting of each transaction
-	hook := func() error { noSync = append(noSync, q.db.NoSync); return nil }
+	hook := func() error { noSync = append(noSync, q.db.Load().NoSync); return nil }
 	q.beforeCommit.Store(&hook)
 	defer q.beforeCommit.Store(nil)
 	for _, tc := range []struct {

@@ -79,7 +79,14 @@ func (q *Queue) Check() (*Report, error) {
 		return nil, queue.ErrClosed
 	}
 	q.barrier()
-	return checkDB(q.db, q.dir)
+	for {
+		db := q.db.Load()
+		rep, err := checkDB(db, q.dir)
+		if errors.Is(err, berrors.ErrDatabaseNotOpen) && q.db.Load() != db {
+			continue // swapped by an Erase (scrubIndex) as it began
+		}
+		return rep, err
+	}
 }
 
 // openReadOnly opens a bbolt file read-only, turning a panic on a corrupt
@@ -343,7 +350,6 @@ func fillIndex(dir string, db *bolt.DB, o Options) (int, error) {
 		dir:      dir,
 		opts:     o,
 		log:      o.Logger,
-		db:       db,
 		rebuild:  true,
 		inflight: map[string]struct{}{},
 		known:    map[string][]*prepared{},
@@ -351,6 +357,7 @@ func fillIndex(dir string, db *bolt.DB, o Options) (int, error) {
 		app:      applog.NewAppender(dir, nil),
 		m:        newStoreMetrics(nil),
 	}
+	q.db.Store(db)
 	defer q.app.Close()
 	if err := q.init(); err != nil {
 		return 0, err
@@ -485,23 +492,7 @@ func compactLocked(dir string) (before, after int64, err error) {
 	}
 	defer src.Close()
 	tmp := path + ".compact.tmp"
-	_ = os.Remove(tmp)
-	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
-	if err != nil {
-		return 0, 0, err
-	}
-	if err := bolt.Compact(dst, src, 64<<20); err != nil {
-		dst.Close()
-		os.Remove(tmp)
-		return 0, 0, fmt.Errorf("compact: %w", err)
-	}
-	if err := dst.Sync(); err != nil {
-		dst.Close()
-		os.Remove(tmp)
-		return 0, 0, err
-	}
-	if err := dst.Close(); err != nil {
-		os.Remove(tmp)
+	if err := compactInto(src, tmp); err != nil {
 		return 0, 0, err
 	}
 	if fi, err := os.Stat(path); err == nil {
@@ -517,6 +508,38 @@ func compactLocked(dir string) (before, after int64, err error) {
 		after = fi.Size()
 	}
 	return before, after, nil
+}
+
+// compactInto writes the live content of src (every bucket, key and
+// sequence, nothing of the pages bbolt freed) into a new bbolt file at
+// tmp, fsynced and closed. A file or link already at tmp is removed
+// first, and the new one is created exclusively, never through a link.
+// On failure tmp is removed.
+func compactInto(src *bolt.DB, tmp string) error {
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("compact: %w", err)
+	}
+	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{
+		Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			return openNoFollow(name, flag|os.O_EXCL, perm)
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("compact: %w", err)
+	}
+	err = bolt.Compact(dst, src, 64<<20)
+	if err == nil {
+		err = dst.Sync()
+	}
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("compact: %w", err)
+	}
+	return nil
 }
 
 // syncDir fsyncs a directory (its entries).

@@ -256,7 +256,7 @@ func TestCounts_MatchScan(t *testing.T) {
 			t.Fatal(err)
 		}
 		var want map[countKey]int
-		if err := q.db.View(func(tx *bolt.Tx) (err error) { want, err = scanCounts(tx); return err }); err != nil {
+		if err := q.db.Load().View(func(tx *bolt.Tx) (err error) { want, err = scanCounts(tx); return err }); err != nil {
 			t.Fatal(err)
 		}
 		total := 0

@@ -52,7 +52,7 @@ func (q *Queue) removeLogLocked(rel, tenant, user string) {
 	}
 	var off int64 = -1
 	live := false
-	_ = q.db.View(func(tx *bolt.Tx) error {
+	_ = q.dbView(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bktLogs).Get([]byte(rel)); len(v) == 16 {
 			off = int64(binary.BigEndian.Uint64(v))
 		}

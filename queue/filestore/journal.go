@@ -305,7 +305,7 @@ func (q *Queue) openJournal() error {
 		return fmt.Errorf("open store: %w", err)
 	}
 	path := JournalPath(q.dir)
-	return q.db.Update(func(tx *bolt.Tx) error {
+	return q.db.Load().Update(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bktMeta)
 		off, applied, known := logPos(meta.Get(keyJournal))
 		size, ino, err := applog.PathSize(path)

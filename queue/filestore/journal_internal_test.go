@@ -214,7 +214,7 @@ func TestJournal_MissingJournalWrittenFromIndex(t *testing.T) {
 				t.Fatal(err)
 			}
 			if how == "older index" {
-				if err := q.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktMeta).Delete(keyJournal) }); err != nil {
+				if err := q.db.Load().Update(func(tx *bolt.Tx) error { return tx.Bucket(bktMeta).Delete(keyJournal) }); err != nil {
 					t.Fatal(err)
 				}
 			}

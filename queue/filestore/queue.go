@@ -33,9 +33,11 @@ type Queue struct {
 	dir  string
 	opts Options
 	log  *slog.Logger
-	db   *bolt.DB
-	app  *applog.Appender
-	m    *storeMetrics
+	// db is the open index. An Erase swaps in a rewritten file (scrub.go):
+	// the writer stores the new one; readers load it for each transaction.
+	db  atomic.Pointer[bolt.DB]
+	app *applog.Appender
+	m   *storeMetrics
 
 	lock    *dirLock // the data directory's lock
 	ownLock bool     // Close releases lock (Open); else the caller does
@@ -91,9 +93,12 @@ type op struct {
 	// from the logs, a commit or release left to reconciliation, an
 	// unsynced claim redelivered under the same key).
 	skipSync bool
-	err      error
-	done     chan struct{}
-	after    func(err error) // run by the writer once the op is committed (or failed)
+	// scrub: once committed, the index file is rewritten before the op
+	// completes (Erase, see scrubIndex).
+	scrub bool
+	err   error
+	done  chan struct{}
+	after func(err error) // run by the writer once the op is committed (or failed)
 }
 
 // finish completes an op.
@@ -184,13 +189,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 			return nil, err
 		}
 	}
-	db, err := openBolt(path, &bolt.Options{
-		Timeout:        o.LockTimeout,
-		NoFreelistSync: true,
-		FreelistType:   bolt.FreelistMapType,
-		NoSync:         o.NoSync,
-		OpenFile:       openNoFollow,
-	})
+	db, err := openBolt(path, o.boltOptions())
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
 			// An older build, which does not take the directory's lock.
@@ -206,7 +205,6 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		dir:      dir,
 		opts:     o,
 		log:      o.Logger,
-		db:       db,
 		lock:     lk,
 		ops:      make(chan *op, 1024),
 		notify:   make(chan struct{}, 1),
@@ -216,6 +214,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		stop:     make(chan struct{}),
 		ready:    make(chan struct{}),
 	}
+	q.db.Store(db)
 	if !o.NoSync {
 		q.app = applog.NewAppender(dir, applog.Fdatasync)
 	} else {
@@ -259,6 +258,17 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	return q, nil
 }
 
+// boltOptions are the options the store opens its index file with.
+func (o Options) boltOptions() *bolt.Options {
+	return &bolt.Options{
+		Timeout:        o.LockTimeout,
+		NoFreelistSync: true,
+		FreelistType:   bolt.FreelistMapType,
+		NoSync:         o.NoSync,
+		OpenFile:       openNoFollow,
+	}
+}
+
 // pointAtDoctor makes an error of reading the index while opening (a
 // record bbolt hands back that does not decode, an I/O error) name what to
 // run, unless it already does.
@@ -287,13 +297,14 @@ func (q *Queue) Dir() string { return q.dir }
 func (q *Queue) init() (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = &CorruptIndexError{Path: q.db.Path(), Reason: fmt.Sprint(r)}
+			err = &CorruptIndexError{Path: q.indexPath(), Reason: fmt.Sprint(r)}
 		}
 	}()
+	db := q.db.Load()
 	// An index without its layout version was created and never written
 	// (or lost its content): like a missing one.
 	var versioned bool
-	if err := q.db.View(func(tx *bolt.Tx) error {
+	if err := db.View(func(tx *bolt.Tx) error {
 		if meta := tx.Bucket(bktMeta); meta != nil && meta.Get(keyVersion) != nil {
 			versioned = true
 		}
@@ -306,7 +317,7 @@ func (q *Queue) init() (err error) {
 			return err
 		}
 	}
-	return q.db.Update(func(tx *bolt.Tx) error {
+	return db.Update(func(tx *bolt.Tx) error {
 		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
@@ -340,7 +351,7 @@ func (q *Queue) Close() error {
 		q.wg.Wait()
 		q.app.Close()
 		removePID(q.dir)
-		err = q.db.Close()
+		err = q.db.Load().Close()
 		if q.ownLock {
 			q.lock.release()
 		}
@@ -367,7 +378,7 @@ func (q *Queue) writeLoop() {
 	unsynced := false
 	defer func() {
 		if unsynced && !q.opts.NoSync {
-			_ = q.db.Sync()
+			_ = q.db.Load().Sync()
 		}
 	}()
 	for {
@@ -375,7 +386,7 @@ func (q *Queue) writeLoop() {
 		select {
 		case <-syncTimer.C:
 			if unsynced && !q.opts.NoSync {
-				_ = q.db.Sync()
+				_ = q.db.Load().Sync()
 			}
 			unsynced = false
 			continue
@@ -405,14 +416,15 @@ func (q *Queue) writeLoop() {
 		for _, o := range batch {
 			skipSync = skipSync && o.skipSync
 		}
-		q.db.NoSync = q.opts.NoSync || skipSync
+		db := q.db.Load()
+		db.NoSync = q.opts.NoSync || skipSync
 		q.txDelta = map[countKey]int{}
-		err := q.db.Update(func(tx *bolt.Tx) (err error) {
+		err := db.Update(func(tx *bolt.Tx) (err error) {
 			// A damaged index that the check at Open let through fails
 			// the transaction (rolled back), not the process.
 			defer func() {
 				if r := recover(); r != nil {
-					err = &CorruptIndexError{Path: q.db.Path(), Reason: fmt.Sprint(r)}
+					err = &CorruptIndexError{Path: q.indexPath(), Reason: fmt.Sprint(r)}
 				}
 			}()
 			if err := q.journalBegin(tx); err != nil {
@@ -439,6 +451,9 @@ func (q *Queue) writeLoop() {
 			q.applyDelta(q.txDelta)
 		}
 		q.txDelta = nil
+		if err == nil {
+			q.scrubAfter(batch)
+		}
 		for _, o := range batch {
 			if err != nil {
 				o.finish(fmt.Errorf("commit index: %w", err))
@@ -516,7 +531,7 @@ func (q *Queue) view(fn func(tx *bolt.Tx) error) error {
 		return queue.ErrClosed
 	}
 	q.barrier()
-	return q.db.View(fn)
+	return q.dbView(fn)
 }
 
 // viewNow runs a read transaction without waiting for pending index
@@ -525,8 +540,26 @@ func (q *Queue) viewNow(fn func(tx *bolt.Tx) error) error {
 	if q.isClosed() {
 		return queue.ErrClosed
 	}
-	return q.db.View(fn)
+	return q.dbView(fn)
 }
+
+// dbView runs a read transaction on the open index file. One that began
+// as an Erase swapped the file in (and closed the old one) runs on the
+// new one: the same content, as no write commits meanwhile.
+func (q *Queue) dbView(fn func(tx *bolt.Tx) error) error {
+	for {
+		db := q.db.Load()
+		err := db.View(fn)
+		if errors.Is(err, berrors.ErrDatabaseNotOpen) && q.db.Load() != db {
+			continue
+		}
+		return err
+	}
+}
+
+// indexPath is the index file's path (bbolt's Path of a file swapped in
+// by an Erase is the name it was written under).
+func (q *Queue) indexPath() string { return filepath.Join(q.dir, IndexFile) }
 
 func (q *Queue) wake() {
 	select {

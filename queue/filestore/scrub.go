@@ -1,0 +1,94 @@
+package filestore
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/outboxhq/outbox/queue"
+	bolt "go.etcd.io/bbolt"
+)
+
+// scrubIndex rewrites the index file so that nothing deleted before it
+// stays in the file: bbolt keeps the old contents of the pages it frees
+// until it reuses them, so an erased user's keys and values (ids,
+// subscriptions with their endpoints, consent) would stay readable in
+// index.db. It returns once the rewritten file is in place and synced.
+func (q *Queue) scrubIndex(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if q.isClosed() {
+		return queue.ErrClosed
+	}
+	o := &op{fn: func(*bolt.Tx) error { return nil }, scrub: true, done: make(chan struct{})}
+	select {
+	case q.ops <- o:
+	case <-q.stop:
+		return queue.ErrClosed
+	}
+	<-o.done
+	return o.err
+}
+
+// scrubAfter rewrites the index file (rewriteIndex) once for the ops of a
+// committed batch that asked for it, and fails them if it fails. The
+// writer runs it between transactions.
+func (q *Queue) scrubAfter(batch []*op) {
+	var want []*op
+	for _, o := range batch {
+		if o.scrub && o.err == nil {
+			want = append(want, o)
+		}
+	}
+	if len(want) == 0 {
+		return
+	}
+	if err := q.rewriteIndex(); err != nil {
+		q.log.Error("rewrite the index after an erase failed", "operation", "erase", "status", "error")
+		for _, o := range want {
+			o.err = err
+		}
+	}
+}
+
+// rewriteIndex compacts the open index into a new file and swaps it in,
+// run by the writer (so no write commits meanwhile; the store's exclusive
+// directory lock keeps every other process out): the new file holds only
+// the live content, is fsynced, opened, renamed over index.db and the
+// directory fsynced. Readers go on with the old file while it is copied;
+// those that begin after the swap read the new one, and the old one is
+// closed once the reads on it are done. Killed at any instant, it leaves
+// index.db as it was or the complete new file (a leftover temporary file
+// is removed by the next rewrite or compaction).
+func (q *Queue) rewriteIndex() error {
+	old := q.db.Load()
+	path := q.indexPath()
+	tmp := path + ".compact.tmp"
+	if err := compactInto(old, tmp); err != nil {
+		return fmt.Errorf("erase: rewrite the index: %w", err)
+	}
+	// Opened before the rename: once index.db is the new file, the store
+	// never goes on with the old one.
+	ndb, err := openBolt(tmp, q.opts.boltOptions())
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("erase: open the rewritten index: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		ndb.Close()
+		_ = os.Remove(tmp)
+		return fmt.Errorf("erase: swap in the rewritten index: %w", err)
+	}
+	q.db.Store(ndb)
+	q.wg.Add(1)
+	go func() {
+		// Waits for the reads that began on the old file.
+		defer q.wg.Done()
+		_ = old.Close()
+	}()
+	if err := syncDir(q.dir); err != nil {
+		return fmt.Errorf("erase: sync the data directory after the index rewrite: %w", err)
+	}
+	return nil
+}
