@@ -291,6 +291,9 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 		}
 		rel := logRel(tenant, userID)
 		_ = tx.Bucket(bktLogs).Delete([]byte(rel))
+		if err := dropSkips(tx, rel); err != nil {
+			return err
+		}
 		logs = append(logs, rel)
 		// The files go inside the transaction: a catch-up (the tailer's)
 		// runs in a transaction of its own, before or after this one, and
@@ -362,25 +365,24 @@ func uniq(in []string) []string {
 }
 
 // Prune implements Store. Logs whose records were all pruned are removed
-// (under their lock, only when nothing was appended since they were read).
+// inside its transaction (removeEmptiedLog), before it commits: a process
+// that dies before the commit leaves their envelopes indexed, and the next
+// Prune deletes them again; none that dies after it leaves a log that no
+// envelope points at. Such a log left by an older build (which removed
+// the files after its commit) is removed too.
 func (q *Queue) Prune(ctx context.Context) (int, error) {
 	n := 0
-	type logOwner struct{ tenant, user string }
-	emptied := map[string]logOwner{}
 	err := q.write(ctx, false, func(tx *bolt.Tx) error {
 		cutoff := q.opts.Now().Add(-q.opts.Retention).UnixNano()
 		type victim struct{ tenant, id string }
 		var victims []victim
 		logsLeft := map[string]int{}
-		owners := map[string]logOwner{}
 		err := tx.Bucket(bktEnv).ForEach(func(k, v []byte) error {
 			var e envRec
 			if err := json.Unmarshal(v, &e); err != nil {
 				return err
 			}
 			logsLeft[e.Log]++
-			t, _ := splitEnvKey(k)
-			owners[e.Log] = logOwner{t, e.User}
 			prune := true
 			for seg := 0; seg < e.Segs && prune; seg++ {
 				r, err := getRow(tx, rowKey(k, seg))
@@ -407,18 +409,26 @@ func (q *Queue) Prune(ctx context.Context) (int, error) {
 			}
 			n++
 		}
-		for rel, left := range logsLeft {
-			if left == 0 {
-				emptied[rel] = owners[rel]
+		// Every indexed log that no envelope points at any more: emptied
+		// now, or by a prune that died before removing it.
+		var empty []string
+		orphan := map[string]bool{}
+		_ = tx.Bucket(bktLogs).ForEach(func(k, _ []byte) error {
+			if left, ok := logsLeft[string(k)]; !ok || left == 0 {
+				empty = append(empty, string(k))
+				orphan[string(k)] = !ok
 			}
+			return nil
+		})
+		for _, rel := range empty {
+			q.removeEmptiedLog(tx, rel, orphan[rel])
 		}
+		faultAt("prune-removed")
 		return nil
 	})
 	if err != nil {
 		return 0, err
 	}
-	for rel, o := range emptied {
-		q.removeLogIfDone(rel, o.tenant, o.user)
-	}
+	faultAt("prune-committed")
 	return n, nil
 }

@@ -2,8 +2,6 @@ package filestore
 
 import (
 	"bytes"
-	"context"
-	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -30,55 +28,83 @@ func LogPath(dir, tenant, user string) string {
 // removal starts again at offset 0.
 func inode(path string) (uint64, error) { return applog.Inode(path) }
 
-// removeLogIfDone removes a log whose records were all pruned: under the
-// log's lock, and only when nothing was appended past the indexed offset.
-func (q *Queue) removeLogIfDone(rel, tenant, user string) {
-	q.app.Exclusive(rel, func() { q.removeLogLocked(rel, tenant, user) })
+// removeEmptiedLog removes log rel, which no envelope points at any more,
+// in Prune's transaction tx: under its Exclusive (no in-process append)
+// and its flock (no other process's), and only when it is still the file
+// that was indexed and holds nothing past its indexed offset (an append
+// since would be new work). Its entry in the logs bucket goes only once
+// the removal is synced (its directory fsynced): a log that came back
+// after a machine crash while its entry was gone would be indexed again
+// from its start, every record as new. A log that was never emptied by a
+// prune here (orphan: no envelope pointed at it when Prune looked) keeps
+// its quarantine file, and with it the log: its lines were not records.
+// Failures leave the log for the next Prune.
+func (q *Queue) removeEmptiedLog(tx *bolt.Tx, rel string, orphan bool) {
+	logs := tx.Bucket(bktLogs)
+	off, ino, ok := logPos(logs.Get([]byte(rel)))
+	if !ok {
+		return
+	}
+	path := filepath.Join(q.dir, rel)
+	q.app.Exclusive(rel, func() {
+		f, err := applog.OpenFile(path, os.O_RDWR, 0)
+		switch {
+		case isNotExist(err):
+			// Gone already (removed by a prune that died before its
+			// commit, or by hand): only its entry is left.
+		case err != nil:
+			return // a link (never followed; doctor lists it), or unreadable
+		default:
+			defer f.Close()
+			if unix.Flock(int(f.Fd()), unix.LOCK_EX) != nil {
+				return
+			}
+			if fino, err := applog.FileInode(f); err != nil || fino != ino {
+				return // another file under its name: not what was indexed
+			}
+			if orphan {
+				if _, err := os.Lstat(path + quarantineExt); !isNotExist(err) {
+					return
+				}
+			}
+			// Nothing past the offset, or only an older build's reserve padding.
+			if idle, err := applog.NothingPast(f, off); err != nil || !idle {
+				return
+			}
+			if os.Remove(path) != nil {
+				return
+			}
+			_ = os.Remove(path + quarantineExt)
+		}
+		if !q.opts.NoSync {
+			if err := syncDir(filepath.Dir(path)); err != nil && !isNotExist(err) {
+				return
+			}
+		}
+		q.cache.dropLog(rel)
+		if logs.Delete([]byte(rel)) == nil {
+			_ = dropSkips(tx, rel)
+		}
+	})
 }
 
-// removeLogLocked runs with no in-process append possible (Exclusive) and
-// takes the log's flock against other processes; it removes the log only
-// when every byte of it is indexed and no envelope of its user is left (an
-// enqueue may have landed since Prune looked).
-func (q *Queue) removeLogLocked(rel, tenant, user string) {
-	path := filepath.Join(q.dir, rel)
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return
+// dropSkips deletes the withdrawn ranges recorded for log rel (the skip
+// bucket): they belong to a file that is gone, and a new file under its
+// name must be read whole.
+func dropSkips(tx *bolt.Tx, rel string) error {
+	skip := tx.Bucket(bktSkip)
+	prefix := []byte(rel + "\x00")
+	var stale [][]byte
+	c := skip.Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		stale = append(stale, append([]byte(nil), k...))
 	}
-	defer f.Close()
-	if unix.Flock(int(f.Fd()), unix.LOCK_EX) != nil {
-		return
-	}
-	var off int64 = -1
-	live := false
-	_ = q.dbView(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bktLogs).Get([]byte(rel)); len(v) == 16 {
-			off = int64(binary.BigEndian.Uint64(v))
+	for _, k := range stale {
+		if err := skip.Delete(k); err != nil {
+			return err
 		}
-		prefix := []byte(tenant + "\x00" + user + "\x00")
-		if k, _ := tx.Bucket(bktUsers).Cursor().Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) {
-			live = true
-		}
-		return nil
-	})
-	if live || off < 0 {
-		return
 	}
-	// Nothing past the offset, or only an older build's reserve padding.
-	if idle, err := applog.NothingPast(f, off); err != nil || !idle {
-		return
-	}
-	_ = os.Remove(path)
-	_ = os.Remove(path + quarantineExt)
-	// Only the cache: a record appended in process and not indexed yet
-	// is not in this file (nothing lies past its indexed offset), so it
-	// went with an earlier file of the log; it stays known, to be indexed
-	// and found lost (indexMissing), never forgotten.
-	q.cache.dropLog(rel)
-	_ = q.write(context.Background(), false, func(tx *bolt.Tx) error {
-		return tx.Bucket(bktLogs).Delete([]byte(rel))
-	})
+	return nil
 }
 
 // forgetLog forgets what this process remembers of the log rel that an

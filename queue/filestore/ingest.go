@@ -738,19 +738,7 @@ func (q *Queue) resetLog(tx *bolt.Tx, rel string, why logReset) error {
 	q.log.Warn("log "+string(why)+" under the store: indexing it again from its start; rows whose records it lost are dead-lettered (record_lost) when claimed",
 		"operation", "ingest", "status", "reindexed")
 	q.cache.dropLog(rel)
-	skip := tx.Bucket(bktSkip)
-	prefix := []byte(rel + "\x00")
-	var stale [][]byte
-	c := skip.Cursor()
-	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-		stale = append(stale, append([]byte(nil), k...))
-	}
-	for _, k := range stale {
-		if err := skip.Delete(k); err != nil {
-			return err
-		}
-	}
-	return nil
+	return dropSkips(tx, rel)
 }
 
 // relocate moves the index entry of a record of log rel, read again after

@@ -58,6 +58,18 @@ func runChild(mode, dir, arg string) int {
 			}
 		}
 		return 0
+	case "prune-killed": // prune 48 hours from now, killed at fault point arg
+		filestore.KillAt(arg)
+		q, err := filestore.Open(dir, pruneOptions())
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if _, err := q.Prune(context.Background()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return 3 // never killed
 	case "enqueue-loop": // enqueue until killed; print each acknowledged id
 		q, err := filestore.Open(dir, &filestore.Options{RescanInterval: -1})
 		if err != nil {

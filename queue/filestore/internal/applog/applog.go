@@ -606,6 +606,9 @@ func Inode(path string) (uint64, error) {
 	return ino, err
 }
 
+// FileInode returns the inode number of the open file f.
+func FileInode(f *os.File) (uint64, error) { return fileInode(f) }
+
 func fileInode(f *os.File) (uint64, error) {
 	_, ino, err := fileSize(f)
 	return ino, err
