@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/internal/nofollow"
 	resendapi "github.com/resend/resend-go/v2"
 )
 
@@ -57,7 +58,9 @@ func (f FileCursor) LoadCursor(ctx context.Context) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
-	b, err := os.ReadFile(string(f))
+	// Never through a symbolic link: the file is inside the data
+	// directory, named as it is there.
+	b, err := nofollow.ReadFile(string(f), filepath.Base(string(f)), 64<<10)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil
 	}
@@ -77,6 +80,11 @@ func (f FileCursor) SaveCursor(ctx context.Context, cursor string) (err error) {
 	}
 	path := string(f)
 	dir := filepath.Dir(path)
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		// A rename would replace the link, never write through it; but
+		// it was planted: refuse, by name, as LoadCursor does.
+		return fmt.Errorf("resend: save cursor: %w", &nofollow.LinkError{Name: filepath.Base(path)})
+	}
 	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return fmt.Errorf("resend: save cursor: %w", err)

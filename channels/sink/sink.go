@@ -24,6 +24,8 @@ package sink
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,7 +37,9 @@ import (
 
 	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/internal/nofollow"
 	"github.com/outboxhq/outbox/render"
+	"golang.org/x/sys/unix"
 )
 
 // Name is the provider name the sink reports in Capabilities.
@@ -135,10 +139,12 @@ func (p *Provider) Deliver(ctx context.Context, key envelope.Key, msg *envelope.
 	if err != nil {
 		return channels.Receipt{}, envelope.Permanent(envelope.ClassInvalidRequest, err)
 	}
-	if err := p.ensureDir(); err != nil {
+	dir, err := p.openDir(true)
+	if err != nil {
 		return channels.Receipt{}, envelope.Retryable(envelope.ClassProviderUnavailable, err)
 	}
-	if err := writeAtomic(p.dir, p.name(key), data); err != nil {
+	defer dir.Close()
+	if err := writeAtomic(dir, p.name(key), data); err != nil {
 		return channels.Receipt{}, envelope.Retryable(envelope.ClassProviderUnavailable, err)
 	}
 	if p.journal {
@@ -156,17 +162,25 @@ func (p *Provider) Reconcile(ctx context.Context, key envelope.Key, _ *envelope.
 	if err := ctx.Err(); err != nil {
 		return channels.Reconciliation{}, ctxError(err)
 	}
-	fi, err := os.Stat(p.Path(key))
-	switch {
-	case err == nil && fi.Mode().IsRegular():
-		return channels.Reconciliation{Outcome: channels.Accepted, Receipt: channels.Receipt{ID: p.name(key)}}, nil
-	case err == nil:
-		return channels.Reconciliation{}, envelope.Retryable(envelope.ClassProviderUnavailable, errors.New("sink: not a regular file"))
-	case errors.Is(err, fs.ErrNotExist):
+	dir, err := p.openDir(false)
+	if errors.Is(err, fs.ErrNotExist) {
 		// Only a present data directory makes the absence meaningful.
 		if _, derr := os.Stat(p.dataDir); derr != nil {
 			return channels.Reconciliation{}, envelope.Retryable(envelope.ClassProviderUnavailable, derr)
 		}
+		return channels.Reconciliation{Outcome: channels.Rejected}, nil
+	}
+	if err != nil {
+		return channels.Reconciliation{}, envelope.Retryable(envelope.ClassProviderUnavailable, err)
+	}
+	defer dir.Close()
+	st, err := dir.Lstat(p.name(key))
+	switch {
+	case err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG:
+		return channels.Reconciliation{Outcome: channels.Accepted, Receipt: channels.Receipt{ID: p.name(key)}}, nil
+	case err == nil:
+		return channels.Reconciliation{}, envelope.Retryable(envelope.ClassProviderUnavailable, errors.New("sink: not a regular file"))
+	case errors.Is(err, fs.ErrNotExist):
 		return channels.Reconciliation{Outcome: channels.Rejected}, nil
 	}
 	return channels.Reconciliation{}, envelope.Retryable(envelope.ClassProviderUnavailable, err)
@@ -180,17 +194,38 @@ func ctxError(err error) error {
 	return envelope.Retryable(envelope.ClassInterrupted, err)
 }
 
-// ensureDir checks that the data directory exists and creates sink/<channel>
-// below it.
-func (p *Provider) ensureDir() error {
+// openDir opens sink/<channel> below the data directory, which must
+// exist, creating the two directories when create is set. Neither is ever
+// followed as a symbolic link (a *nofollow.LinkError naming it): what the
+// sink writes stays inside the data directory.
+func (p *Provider) openDir(create bool) (*nofollow.Dir, error) {
 	fi, err := os.Stat(p.dataDir)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.IsDir() {
+		return nil, errors.New("sink: data directory is not a directory")
+	}
+	d, err := nofollow.OpenDir(p.dataDir, filepath.Join("sink", string(p.ch)), create, dirPerm)
+	if err != nil {
+		return nil, fmt.Errorf("sink: %w", err)
+	}
+	return d, nil
+}
+
+// CheckDir reports a symbolic link planted as the sink's directories
+// (sink, sink/<channel>) with an error naming it, for a start to refuse:
+// Deliver's own error says only provider_unavailable. Directories not
+// created yet are fine.
+func (p *Provider) CheckDir() error {
+	d, err := p.openDir(false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
-	if !fi.IsDir() {
-		return errors.New("sink: data directory is not a directory")
-	}
-	return os.MkdirAll(p.dir, dirPerm)
+	return d.Close()
 }
 
 // pushFile is the JSON written for a push message.
@@ -276,18 +311,26 @@ func marshal(v any) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// writeAtomic writes data to dir/name the crash-safe way: a temporary file
-// in dir, fsync, rename over name, fsync dir. A reader sees the old file or
-// the new one, never a torn one.
-func writeAtomic(dir, name string, data []byte) (err error) {
-	f, err := os.CreateTemp(dir, "."+name+".*.tmp")
+// writeAtomic writes data to name in dir the crash-safe way: a temporary
+// file in dir (created exclusively), fsync, rename over name, fsync dir. A
+// reader sees the old file or the new one, never a torn one. A link at
+// name is refused (a rename would replace it; it is never written through).
+func writeAtomic(dir *nofollow.Dir, name string, data []byte) (err error) {
+	if st, err := dir.Lstat(name); err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return &nofollow.LinkError{Name: filepath.Join(dir.Name(), name)}
+	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return err
+	}
+	tmp := "." + name + "." + hex.EncodeToString(b[:]) + ".tmp"
+	f, err := dir.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, filePerm)
 	if err != nil {
 		return err
 	}
-	tmp := f.Name()
 	defer func() {
 		if err != nil {
-			_ = os.Remove(tmp)
+			_ = dir.Remove(tmp)
 		}
 	}()
 	if _, err = f.Write(data); err != nil {
@@ -305,23 +348,10 @@ func writeAtomic(dir, name string, data []byte) (err error) {
 	if err = f.Close(); err != nil {
 		return err
 	}
-	if err = os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+	if err = dir.Rename(tmp, name); err != nil {
 		return err
 	}
-	return syncDir(dir)
-}
-
-// syncDir fsyncs a directory so that a rename in it is durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	if err := d.Sync(); err != nil {
-		_ = d.Close()
-		return err
-	}
-	return d.Close()
+	return dir.Sync()
 }
 
 // JournalPath is the file Options.Journal appends to.
@@ -330,9 +360,14 @@ func (p *Provider) JournalPath() string { return p.dir + ".journal" }
 func (p *Provider) appendJournal(key envelope.Key) error {
 	p.jmu.Lock()
 	defer p.jmu.Unlock()
-	f, err := os.OpenFile(p.JournalPath(), os.O_WRONLY|os.O_APPEND|os.O_CREATE, filePerm)
+	d, err := nofollow.OpenDir(p.dataDir, "sink", false, dirPerm)
 	if err != nil {
-		return err
+		return fmt.Errorf("sink: %w", err)
+	}
+	defer d.Close()
+	f, err := d.OpenFile(string(p.ch)+".journal", os.O_WRONLY|os.O_APPEND|os.O_CREATE, filePerm)
+	if err != nil {
+		return fmt.Errorf("sink: %w", err)
 	}
 	defer f.Close()
 	if _, err := f.WriteString(key.Hash() + "\n"); err != nil {

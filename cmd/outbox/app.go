@@ -161,6 +161,9 @@ func buildApp(e *env, c appConfig) (*app, error) {
 			continue
 		}
 		s, err := sink.New(c.Data, ch, &sink.Options{Journal: c.SinkJournal})
+		if err == nil {
+			err = s.CheckDir() // a linked sink directory: refused at start, by name
+		}
 		if err != nil {
 			return fail(err)
 		}
@@ -176,7 +179,11 @@ func buildApp(e *env, c appConfig) (*app, error) {
 		return nil, err
 	}
 	if email != nil && c.ResendPoll > 0 {
-		a.poller, err = resend.NewPoller(email, a.q, resend.PollerOptions{Interval: c.ResendPoll, Cursor: resend.FileCursor(filepath.Join(c.Data, "resend.cursor")), Logger: c.Logger})
+		cursor := resend.FileCursor(filepath.Join(c.Data, "resend.cursor"))
+		if _, err := cursor.LoadCursor(context.Background()); err != nil {
+			return fail(err) // a linked cursor file: refused at start, by name
+		}
+		a.poller, err = resend.NewPoller(email, a.q, resend.PollerOptions{Interval: c.ResendPoll, Cursor: cursor, Logger: c.Logger})
 		if err != nil {
 			return fail(err)
 		}

@@ -83,3 +83,48 @@ func TestServe_RefusesLinkedSocketAndPidFile(t *testing.T) {
 		})
 	}
 }
+
+// serve refuses to start when the unsubscribe key or a sink directory in
+// the data directory is a symbolic link to something outside it, naming
+// the link, and writes nothing through it (issue K, item 9).
+func TestServe_RefusesLinkedKeyAndSinkDirs(t *testing.T) {
+	bin := buildBinary(t)
+	for _, link := range []string{"unsubscribe.key", "sink", "sink/telegram"} {
+		t.Run(link, func(t *testing.T) {
+			data, outside := t.TempDir(), t.TempDir()
+			target := outside
+			if link == "unsubscribe.key" {
+				// A key someone else knows: following it would let them
+				// forge unsubscribe links.
+				target = filepath.Join(outside, "known.key")
+				if err := os.WriteFile(target, bytes.Repeat([]byte("k"), 32), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			path := filepath.Join(data, filepath.FromSlash(link))
+			if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(target, path); err != nil {
+				t.Fatal(err)
+			}
+			d, out, code := tryServe(t, bin, data)
+			if d != nil {
+				d.stop(t)
+				t.Fatalf("serve started with %s a symbolic link:\n%s", link, out)
+			}
+			if code == 0 || !strings.Contains(out, filepath.FromSlash(link)+" in the data directory is a symbolic link") {
+				t.Fatalf("serve = %d, want a refusal naming %s:\n%s", code, link, out)
+			}
+			if strings.Contains(out, outside) {
+				t.Errorf("the message names the link's target:\n%s", out)
+			}
+			if entries, _ := os.ReadDir(outside); link != "unsubscribe.key" && len(entries) != 0 {
+				t.Errorf("written through the link: %v", entries)
+			}
+			if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+				t.Errorf("the link was replaced: %v, %v", fi, err)
+			}
+		})
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/internal/nofollow"
 	"github.com/outboxhq/outbox/queue"
 )
 
@@ -80,8 +81,11 @@ func LoadOrCreateKey(dir string) ([]byte, error) {
 	return key, nil
 }
 
+// readKey reads the key, never through a symbolic link: a link planted
+// as the key could point at a file whose bytes someone else knows, and
+// let them forge unsubscribe tokens.
 func readKey(path string) ([]byte, error) {
-	key, err := os.ReadFile(path)
+	key, err := nofollow.ReadFile(path, KeyFile, 4096)
 	if err != nil {
 		return nil, err
 	}

@@ -90,9 +90,8 @@ var ErrSymlink = errors.New("a symbolic link inside the data directory, never fo
 // LinkError is the error for a log, or a log's tenant directory, that is
 // a symbolic link: nothing inside the data directory is followed, so that
 // whoever may write there (a foreign appender) cannot make the store read
-// or write a file elsewhere. The final component is opened with
-// O_NOFOLLOW, and the directory that holds it is checked with lstat
-// first.
+// or write a file elsewhere. The directory that holds the file is opened
+// with O_NOFOLLOW, and the file with openat and O_NOFOLLOW in it.
 type LinkError struct {
 	Path string // the link
 }
@@ -104,19 +103,27 @@ func (e *LinkError) Error() string {
 // Unwrap returns ErrSymlink.
 func (e *LinkError) Unwrap() error { return ErrSymlink }
 
-// checkDir checks that dir, the directory that holds a log, is a
-// directory and not a symbolic link. A missing one is os.ErrNotExist.
-func checkDir(dir string) error {
-	fi, err := os.Lstat(dir)
-	switch {
-	case err != nil:
-		return err
-	case fi.Mode()&os.ModeSymlink != 0:
-		return &LinkError{Path: dir}
-	case !fi.IsDir():
-		return &os.PathError{Op: "open", Path: dir, Err: unix.ENOTDIR}
+// openDir opens dir, the directory that holds a log, for the *at calls,
+// refusing a symbolic link (a *LinkError) with O_NOFOLLOW: the directory
+// checked is the one used, with no window for a link swapped in between.
+// A missing one is os.ErrNotExist, a file there ENOTDIR.
+func openDir(dir string) (int, error) {
+	for {
+		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			if errors.Is(err, unix.ENOTDIR) {
+				// O_NOFOLLOW with O_DIRECTORY may say ENOTDIR for a link.
+				if fi, lerr := os.Lstat(dir); lerr == nil && fi.Mode()&os.ModeSymlink != 0 {
+					return -1, &LinkError{Path: dir}
+				}
+			}
+			return -1, linkErr(dir, &os.PathError{Op: "open", Path: dir, Err: err})
+		}
+		return fd, nil
 	}
-	return nil
 }
 
 // linkErr returns a LinkError when err, from opening path with
@@ -688,14 +695,17 @@ func openLog(path string) (f *os.File, dirs []string, err error) {
 // does, without its attempt to register the descriptor with the runtime's
 // poller (which a regular file refuses): three fcntls and an epoll_ctl
 // fewer per open. No symbolic link is followed: the directory that holds
-// the file is checked first (checkDir) and the file is opened with
-// O_NOFOLLOW; either as a link fails with a *LinkError.
+// the file is opened with O_NOFOLLOW (openDir) and the file with openat
+// and O_NOFOLLOW in that very directory; either as a link fails with a
+// *LinkError.
 func openFile(path string, flags int, perm uint32) (*os.File, error) {
-	if err := checkDir(filepath.Dir(path)); err != nil {
+	dfd, err := openDir(filepath.Dir(path))
+	if err != nil {
 		return nil, err
 	}
+	defer unix.Close(dfd)
 	for {
-		fd, err := unix.Open(path, flags|unix.O_CLOEXEC|unix.O_NOFOLLOW, perm)
+		fd, err := unix.Openat(dfd, filepath.Base(path), flags|unix.O_CLOEXEC|unix.O_NOFOLLOW, perm)
 		if err == unix.EINTR {
 			continue
 		}
