@@ -56,6 +56,11 @@ func OpenFile(path, name string, flag int, perm os.FileMode) (*os.File, error) {
 		}
 		return nil, err
 	}
+	return regular(f, name)
+}
+
+// regular returns f if it is a regular file, else closes it.
+func regular(f *os.File, name string) (*os.File, error) {
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()
@@ -176,16 +181,7 @@ func (d *Dir) OpenFile(base string, flag int, perm os.FileMode) (*os.File, error
 		return nil, &os.PathError{Op: "open", Path: name, Err: err}
 	}
 	f := os.NewFile(uintptr(fd), filepath.Join(d.f.Name(), base))
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, &LinkError{Name: name, NotFile: true}
-	}
-	return f, nil
+	return regular(f, name)
 }
 
 // Lstat describes entry base of the directory without following a link.

@@ -482,13 +482,17 @@ const maxBatch = 512
 
 // write runs fn in the writer's next transaction and waits for its commit.
 func (q *Queue) write(ctx context.Context, skipSync bool, fn func(tx *bolt.Tx) error) error {
+	return q.run(ctx, &op{fn: fn, skipSync: skipSync, done: make(chan struct{})})
+}
+
+// run queues o for the writer and waits for it.
+func (q *Queue) run(ctx context.Context, o *op) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if q.isClosed() {
 		return queue.ErrClosed
 	}
-	o := &op{fn: fn, skipSync: skipSync, done: make(chan struct{})}
 	select {
 	case q.ops <- o:
 	case <-q.stop:

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/outboxhq/outbox/queue"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -15,20 +14,7 @@ import (
 // subscriptions with their endpoints, consent) would stay readable in
 // index.db. It returns once the rewritten file is in place and synced.
 func (q *Queue) scrubIndex(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if q.isClosed() {
-		return queue.ErrClosed
-	}
-	o := &op{fn: func(*bolt.Tx) error { return nil }, scrub: true, done: make(chan struct{})}
-	select {
-	case q.ops <- o:
-	case <-q.stop:
-		return queue.ErrClosed
-	}
-	<-o.done
-	return o.err
+	return q.run(ctx, &op{fn: func(*bolt.Tx) error { return nil }, scrub: true, done: make(chan struct{})})
 }
 
 // scrubAfter rewrites the index file (rewriteIndex) once for the ops of a
