@@ -40,6 +40,15 @@ func openFault(t *testing.T, dir string) *Queue {
 	return q
 }
 
+// setAppender swaps the store's appender on its writer goroutine, the one
+// that reads it besides the caller (catch-ups read the logs through it).
+func setAppender(t *testing.T, q *Queue, a *applog.Appender) {
+	t.Helper()
+	if err := q.write(context.Background(), true, func(*bolt.Tx) error { q.app = a; return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func rows(t *testing.T, q *Queue) int {
 	t.Helper()
 	c, err := q.Counts(context.Background(), "")
@@ -64,7 +73,7 @@ func TestFault_LogSyncFails(t *testing.T) {
 			if _, err := q.Enqueue(context.Background(), faultEnvelope("ok", "u")); err != nil {
 				t.Fatal(err)
 			}
-			q.app = applog.NewAppender(dir, func(*os.File) error { return fault })
+			setAppender(t, q, applog.NewAppender(dir, func(*os.File) error { return fault }))
 			_, err := q.Enqueue(context.Background(), faultEnvelope("lost", "u"))
 			if !errors.Is(err, fault) || !strings.Contains(err.Error(), "append to log") {
 				t.Fatalf("Enqueue = %v, want a clear error wrapping %v", err, fault)
@@ -77,7 +86,7 @@ func TestFault_LogSyncFails(t *testing.T) {
 				t.Fatalf("log keeps the failed record: %q", b)
 			}
 			// The disk recovers: the next enqueue works and the first is intact.
-			q.app = applog.NewAppender(dir, applog.Fdatasync)
+			setAppender(t, q, applog.NewAppender(dir, applog.Fdatasync))
 			if _, err := q.Enqueue(context.Background(), faultEnvelope("after", "u")); err != nil {
 				t.Fatal(err)
 			}
@@ -94,13 +103,13 @@ func TestFault_BatchAcrossLogsWithdrawn(t *testing.T) {
 	dir := t.TempDir()
 	q := openFault(t, dir)
 	calls := 0
-	q.app = applog.NewAppender(dir, func(f *os.File) error {
+	setAppender(t, q, applog.NewAppender(dir, func(f *os.File) error {
 		calls++
 		if calls == 2 {
 			return syscall.ENOSPC
 		}
 		return applog.Fdatasync(f)
-	})
+	}))
 	_, err := q.Enqueue(context.Background(), faultEnvelope("a", "u1"), faultEnvelope("b", "u2"))
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("Enqueue = %v", err)
