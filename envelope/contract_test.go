@@ -23,6 +23,11 @@ var goldenFixtures = []string{
 	"your-week-digest.v1.golden.json",
 	"resurface-nudge.v1.golden.json",
 	"reply-text.v1.golden.json",
+	"reply-text.v1.wecom.golden.json",
+	"reply-text.v1.wecom_robot.golden.json",
+	"reply-text.v1.wecom_bot_reply.golden.json",
+	"your-week-digest.v1.wecom.golden.json",
+	"resurface-nudge.v1.wecom.golden.json",
 }
 
 // invalidFixtures maps each invalid fixture to a substring that the path or
@@ -58,6 +63,11 @@ var invalidFixtures = map[string]struct {
 	"revisit-item-missing-quote.json":              {"required", true, "payload.sections[0].items[0].quote", 1},
 	"highlight-count-negative.json":                {"must be at least 0", true, "payload.highlight_count", 1},
 	"malformed-json.json":                          {"malformed JSON", false, "", 1},
+	"wecom-without-user.json":                      {"required for channel wecom", true, "recipient.wecom_user", 1},
+	"wecom-robot-bad-name.json":                    {"must be a robot name", true, "recipient.robot", 1},
+	"wecom-bot-reply-without-expires-at.json":      {"required for channel wecom_bot_reply", true, "expires_at", 1},
+	"wecom-bot-reply-expires-after-one-hour.json":  {"at most one hour after created_at", false, "expires_at", 1},
+	"wecom-bot-reply-text-too-long.json":           {"at most 20480 bytes for channel wecom_bot_reply", false, "payload.text", 1},
 }
 
 // droppedByGoTypes are the invalid fixtures whose problem decoding into

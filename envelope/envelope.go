@@ -31,15 +31,24 @@ const (
 	ChannelEmail    Channel = "email"
 	ChannelPush     Channel = "push"
 	ChannelTelegram Channel = "telegram"
+	// ChannelWeCom is a WeCom application message to one member
+	// (recipient.wecom_user, optionally recipient.wecom_agent).
+	ChannelWeCom Channel = "wecom"
+	// ChannelWeComRobot is a post of a WeCom group robot configured on the
+	// server (recipient.robot names it; its key never is in an envelope).
+	ChannelWeComRobot Channel = "wecom_robot"
+	// ChannelWeComBotReply is a WeCom AI bot's reply through the
+	// callback's response_url (single use, valid one hour).
+	ChannelWeComBotReply Channel = "wecom_bot_reply"
 )
 
 // Channels lists every known channel, in a stable order.
-var Channels = []Channel{ChannelEmail, ChannelPush, ChannelTelegram}
+var Channels = []Channel{ChannelEmail, ChannelPush, ChannelTelegram, ChannelWeCom, ChannelWeComRobot, ChannelWeComBotReply}
 
 // Valid reports whether c is a known channel.
 func (c Channel) Valid() bool {
 	switch c {
-	case ChannelEmail, ChannelPush, ChannelTelegram:
+	case ChannelEmail, ChannelPush, ChannelTelegram, ChannelWeCom, ChannelWeComRobot, ChannelWeComBotReply:
 		return true
 	}
 	return false
@@ -84,12 +93,24 @@ func (e *Envelope) Tenant() string {
 }
 
 // Recipient says where a delivery goes. Which field is needed depends on the
-// channel: Email for email, PushSubscription for push, ChatID for telegram.
+// channel: Email for email, PushSubscription for push, ChatID for telegram,
+// WeComUser for wecom, Robot for wecom_robot, ResponseURL for
+// wecom_bot_reply.
 type Recipient struct {
 	Email            string            `json:"email,omitempty"`
 	EmailVerified    bool              `json:"email_verified,omitempty"`
 	PushSubscription *PushSubscription `json:"push_subscription,omitempty"`
 	ChatID           string            `json:"chat_id,omitempty"`
+	// WeComUser is a WeCom member's userid; WeComAgent optionally names
+	// the application (its agentid) configured on the server to send as.
+	WeComUser  string `json:"wecom_user,omitempty"`
+	WeComAgent string `json:"wecom_agent,omitempty"`
+	// Robot names a group robot configured on the server
+	// (OUTBOX_WECOM_ROBOT_<NAME>_KEY).
+	Robot string `json:"robot,omitempty"`
+	// ResponseURL is a WeCom AI bot callback's response_url: a secret,
+	// usable once, within one hour.
+	ResponseURL string `json:"response_url,omitempty"`
 }
 
 // PushSubscription is the W3C PushSubscription JSON a browser hands out.

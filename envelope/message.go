@@ -4,12 +4,14 @@ import "time"
 
 // Message is what the renderer makes of one delivery (one segment of an
 // envelope) for its channel, and what a provider sends. Exactly one of
-// Email, Push and Chat is set, matching Channel.
+// Email, Push, Chat and WeCom is set, matching Channel (WeCom for the three
+// wecom channels).
 type Message struct {
 	Channel Channel
 	Email   *EmailMessage
 	Push    *PushMessage
 	Chat    *ChatMessage
+	WeCom   *WeComMessage
 }
 
 // Header is one e-mail header.
@@ -67,6 +69,31 @@ type ChatMessage struct {
 	ParseMode string
 	// Segment and Segments locate this message in its reply (0-based index,
 	// total count).
+	Segment  int
+	Segments int
+}
+
+// WeCom message types.
+const (
+	WeComText     = "text"
+	WeComMarkdown = "markdown"
+)
+
+// WeComMessage is one rendered WeCom message: an application message to
+// User (as Agent, "" for the provider's default app), a post of Robot, or
+// an AI bot reply to ResponseURL, by Channel.
+type WeComMessage struct {
+	User        string
+	Agent       string
+	Robot       string
+	ResponseURL string
+	// MsgType is WeComText or WeComMarkdown; Content its text.
+	MsgType string
+	Content string
+	// NotAfter is when ResponseURL stops being usable (zero for the other
+	// channels).
+	NotAfter time.Time
+	// Segment and Segments locate this message in its reply.
 	Segment  int
 	Segments int
 }

@@ -1,6 +1,7 @@
 package envelope
 
 import (
+	"regexp"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -43,21 +44,85 @@ const MaxSegmentUnits = 4096
 // interior w is empty only where a word was cut. Whitespace inside a
 // segment is kept as it is. A text that is empty or only whitespace yields
 // no segments (nil), which is why such a reply is not a valid envelope.
-func SplitReply(text string) []string {
+func SplitReply(text string) []string { return split(text, telegramLimit) }
+
+// WeCom's limits on one message, in UTF-8 bytes.
+const (
+	// MaxWeComAppBytes is an application message's text (and markdown).
+	MaxWeComAppBytes = 2048
+	// MaxWeComRobotMarkdownBytes is a group robot's markdown message.
+	MaxWeComRobotMarkdownBytes = 4096
+	// MaxWeComBotReplyBytes is an AI bot reply's markdown through a
+	// response_url. Such a reply is one segment: the URL is single use.
+	MaxWeComBotReplyBytes = 20480
+)
+
+// SegmentLimit is how long one segment of a reply may be on a channel.
+type SegmentLimit struct {
+	// Max is the limit, in UTF-16 code units or, with Bytes, in UTF-8
+	// bytes.
+	Max   int
+	Bytes bool
+	// KeepLinks says that no cut falls inside a markdown link
+	// "[text](url)" where another cut is possible.
+	KeepLinks bool
+}
+
+var telegramLimit = SegmentLimit{Max: MaxSegmentUnits}
+
+// SegmentLimitOf returns the segment limit of reply-text.v1 on ch (the
+// Telegram one for a channel without replies).
+func SegmentLimitOf(ch Channel) SegmentLimit {
+	switch ch {
+	case ChannelWeCom:
+		return SegmentLimit{Max: MaxWeComAppBytes, Bytes: true, KeepLinks: true}
+	case ChannelWeComRobot:
+		return SegmentLimit{Max: MaxWeComRobotMarkdownBytes, Bytes: true, KeepLinks: true}
+	case ChannelWeComBotReply:
+		return SegmentLimit{Max: MaxWeComBotReplyBytes, Bytes: true, KeepLinks: true}
+	}
+	return telegramLimit
+}
+
+// SplitReplyFor splits text for channel ch: SplitReply's rules and
+// invariant with ch's SegmentLimitOf (WeCom counts UTF-8 bytes and keeps
+// markdown links whole where it can).
+func SplitReplyFor(ch Channel, text string) []string { return split(text, SegmentLimitOf(ch)) }
+
+func split(text string, l SegmentLimit) []string {
 	s := strings.ToValidUTF8(text, string(utf8.RuneError))
 	s = strings.TrimLeftFunc(s, unicode.IsSpace)
 	var segs []string
 	for s != "" {
-		if last := strings.TrimRightFunc(s, unicode.IsSpace); fitsUnits(last, MaxSegmentUnits) {
+		if last := strings.TrimRightFunc(s, unicode.IsSpace); l.fits(last) {
 			segs = append(segs, last)
 			break
 		}
-		end, next := cutPoint(s, MaxSegmentUnits)
+		end, next := cutPoint(s, l)
 		segs = append(segs, s[:end])
 		s = s[next:]
 	}
 	return segs
 }
+
+// fits reports whether s is within the limit.
+func (l SegmentLimit) fits(s string) bool {
+	if l.Bytes {
+		return len(s) <= l.Max
+	}
+	return fitsUnits(s, l.Max)
+}
+
+// units is r's length under the limit.
+func (l SegmentLimit) units(r rune) int {
+	if l.Bytes {
+		return utf8.RuneLen(r)
+	}
+	return runeUnits(r)
+}
+
+// markdownLink matches a markdown link or image "[text](url)".
+var markdownLink = regexp.MustCompile(`!?\[[^\[\]\n]*\]\([^()\s]*\)`)
 
 // UTF16Len returns the length of s in UTF-16 code units, the unit Telegram
 // counts message length in. An invalid UTF-8 byte counts as one unit (it
@@ -110,12 +175,22 @@ type boundary struct {
 }
 
 // cutPoint returns where the first segment of s ends (end) and where the
-// rest begins (next). s starts with a non-space rune and is longer than max
-// units once trailing whitespace is trimmed.
-func cutPoint(s string, max int) (end, next int) {
+// rest begins (next). s starts with a non-space rune and is longer than the
+// limit once trailing whitespace is trimmed.
+func cutPoint(s string, l SegmentLimit) (end, next int) {
+	max := l.Max
+	var links [][]int
+	if l.KeepLinks {
+		links = markdownLink.FindAllStringIndex(s, -1)
+	}
 	var best [numTiers]boundary
 	var latest boundary
 	record := func(b boundary, breaks int) {
+		for _, ln := range links {
+			if ln[0] < b.start && b.start < ln[1] {
+				return // inside a link: not a place to cut
+			}
+		}
 		t := tierWord
 		switch {
 		case breaks >= 2:
@@ -135,7 +210,7 @@ func cutPoint(s string, max int) (end, next int) {
 	breaks := 0
 	prevCR := false
 	for i, r := range s {
-		w := runeUnits(r)
+		w := l.units(r)
 		if unicode.IsSpace(r) {
 			if !inRun {
 				if units > max {

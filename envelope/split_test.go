@@ -13,6 +13,16 @@ import (
 // documented on SplitReply).
 func checkSplit(t testing.TB, text string, segs []string) {
 	t.Helper()
+	checkSplitLimit(t, text, segs, telegramLimit)
+}
+
+// checkSplitLimit is checkSplit under limit l.
+func checkSplitLimit(t testing.TB, text string, segs []string, l SegmentLimit) {
+	t.Helper()
+	size := UTF16Len
+	if l.Bytes {
+		size = func(s string) int { return len(s) }
+	}
 	s := strings.ToValidUTF8(text, string(utf8.RuneError))
 	pos := 0
 	for i, seg := range segs {
@@ -22,8 +32,8 @@ func checkSplit(t testing.TB, text string, segs []string) {
 		if !utf8.ValidString(seg) {
 			t.Fatalf("segment %d is not valid UTF-8", i)
 		}
-		if n := UTF16Len(seg); n > MaxSegmentUnits {
-			t.Fatalf("segment %d is %d UTF-16 units, more than %d", i, n, MaxSegmentUnits)
+		if n := size(seg); n > l.Max {
+			t.Fatalf("segment %d is %d units, more than %d", i, n, l.Max)
 		}
 		first, _ := utf8.DecodeRuneInString(seg)
 		last, _ := utf8.DecodeLastRuneInString(seg)
@@ -39,8 +49,8 @@ func checkSplit(t testing.TB, text string, segs []string) {
 			if strings.IndexFunc(prev, unicode.IsSpace) >= 0 {
 				t.Fatalf("segments %d and %d are split without whitespace, but segment %d had a word break", i-1, i, i-1)
 			}
-			if UTF16Len(prev)+maxHardCutBackoff*2 < MaxSegmentUnits {
-				t.Fatalf("hard cut after only %d units", UTF16Len(prev))
+			if size(prev)+maxHardCutBackoff*2*utf8.UTFMax < l.Max {
+				t.Fatalf("hard cut after only %d units", size(prev))
 			}
 		}
 		if !strings.HasPrefix(gap, seg) {
@@ -51,7 +61,7 @@ func checkSplit(t testing.TB, text string, segs []string) {
 	if rest := s[pos:]; strings.TrimLeftFunc(rest, unicode.IsSpace) != "" {
 		t.Fatalf("text after the last segment is lost (%d bytes)", len(rest))
 	}
-	if trimmed := strings.TrimSpace(s); trimmed != "" && UTF16Len(trimmed) <= MaxSegmentUnits {
+	if trimmed := strings.TrimSpace(s); trimmed != "" && size(trimmed) <= l.Max {
 		if len(segs) != 1 || segs[0] != trimmed {
 			t.Fatalf("text that fits in one message gave %d segments", len(segs))
 		}
@@ -256,6 +266,9 @@ func FuzzSplitReply(f *testing.F) {
 			checkSplit(t, in, segs)
 			if again := SplitReply(in); !reflect.DeepEqual(segs, again) {
 				t.Fatal("not deterministic")
+			}
+			for _, ch := range []Channel{ChannelWeCom, ChannelWeComRobot} {
+				checkSplitLimit(t, in, SplitReplyFor(ch, in), SegmentLimitOf(ch))
 			}
 		}
 	})

@@ -152,7 +152,7 @@ func ValidEncodingRows(e *Envelope) ([]byte, int, error) {
 func Rows(e *Envelope) int {
 	if e.Template == TemplateReply {
 		if p, err := e.ReplyPayload(); err == nil {
-			if n := len(SplitReply(p.Text)); n > 0 {
+			if n := len(SplitReplyFor(e.Channel, p.Text)); n > 0 {
 				return n
 			}
 		}
@@ -173,6 +173,10 @@ func encodingProblems(e *Envelope) []Problem {
 		{"template", string(e.Template)},
 		{"recipient.email", e.Recipient.Email},
 		{"recipient.chat_id", e.Recipient.ChatID},
+		{"recipient.wecom_user", e.Recipient.WeComUser},
+		{"recipient.wecom_agent", e.Recipient.WeComAgent},
+		{"recipient.robot", e.Recipient.Robot},
+		{"recipient.response_url", e.Recipient.ResponseURL},
 		{"consent_snapshot.cadence", e.ConsentSnapshot.Cadence},
 		{"consent_snapshot.unsubscribe_ref", e.ConsentSnapshot.UnsubscribeRef},
 	} {
@@ -541,7 +545,7 @@ func goRules(e *Envelope, top map[string]json.RawMessage, failed map[string]bool
 		if e.Channel == "" {
 			c.add("channel", "required")
 		} else {
-			c.add("channel", "unknown channel (want email, push or telegram)")
+			c.add("channel", "unknown channel (want email, push, telegram, wecom, wecom_robot or wecom_bot_reply)")
 		}
 	}
 	templateOK := !failed["template"] && templateChannels[e.Template] != nil
@@ -586,6 +590,9 @@ func goRules(e *Envelope, top map[string]json.RawMessage, failed map[string]bool
 		!e.NotBefore.IsZero() && !e.ExpiresAt.IsZero() && !e.NotBefore.Before(e.ExpiresAt) {
 		c.add("expires_at", "must be after not_before")
 	}
+	if channelOK && e.Channel == ChannelWeComBotReply {
+		checkBotReply(&c, e, top, failed)
+	}
 
 	if raw, ok := top["payload"]; ok && templateOK && isJSONObject(raw) {
 		if err := checkPayload(&c, e.Template, raw); err != nil {
@@ -597,9 +604,9 @@ func goRules(e *Envelope, top map[string]json.RawMessage, failed map[string]bool
 
 // templateChannels lists the channels each template may be delivered on.
 var templateChannels = map[Template][]Channel{
-	TemplateDigest: {ChannelEmail},
-	TemplateNudge:  {ChannelPush, ChannelEmail},
-	TemplateReply:  {ChannelTelegram},
+	TemplateDigest: {ChannelEmail, ChannelWeCom},
+	TemplateNudge:  {ChannelPush, ChannelEmail, ChannelWeCom},
+	TemplateReply:  {ChannelTelegram, ChannelWeCom, ChannelWeComRobot, ChannelWeComBotReply},
 }
 
 type problemList struct{ list []Problem }
@@ -680,6 +687,8 @@ func checkRecipient(c *problemList, ch Channel, r *Recipient) {
 		case !chatIDPattern.MatchString(r.ChatID):
 			c.add("recipient.chat_id", "must be a numeric chat id or an @username")
 		}
+	case ChannelWeCom, ChannelWeComRobot, ChannelWeComBotReply:
+		checkWeComRecipient(c, ch, r)
 	}
 }
 

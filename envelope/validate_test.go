@@ -253,7 +253,7 @@ func TestParse_Rules(t *testing.T) {
 				doc["channel"] = "push"
 				doc["recipient"] = obj(tb, fixtureDoc(tb, nudge), "recipient")
 			},
-			want: []string{"channel: not allowed for template your-week-digest.v1 (want email)"},
+			want: []string{"channel: not allowed for template your-week-digest.v1 (want email or wecom)"},
 		},
 		{
 			name: "UnknownChannelAndTemplate", fixture: digest,
@@ -262,7 +262,7 @@ func TestParse_Rules(t *testing.T) {
 				doc["template"] = "your-month-digest.v1"
 			},
 			want: []string{
-				"channel: unknown channel (want email, push or telegram)",
+				"channel: unknown channel (want email, push, telegram, wecom, wecom_robot or wecom_bot_reply)",
 				"template: unknown template (want your-week-digest.v1, resurface-nudge.v1 or reply-text.v1)",
 			},
 		},

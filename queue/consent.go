@@ -59,6 +59,14 @@ func TargetOf(e *envelope.Envelope) string {
 		}
 	case envelope.ChannelTelegram:
 		v = "telegram:" + e.Recipient.ChatID
+	case envelope.ChannelWeCom:
+		// A member is reached through an app: suppressing one app's
+		// recipient leaves the others.
+		v = "wecom:" + e.Recipient.WeComAgent + ":" + e.Recipient.WeComUser
+	case envelope.ChannelWeComRobot:
+		v = "wecom_robot:" + e.Recipient.Robot
+	case envelope.ChannelWeComBotReply:
+		v = "wecom_bot_reply:" + e.Recipient.ResponseURL
 	}
 	if v == "" {
 		return ""
@@ -73,7 +81,7 @@ func TargetOfValue(v string) string {
 }
 
 // ConsentRules says what each channel needs, for refusals and docs.
-const ConsentRules = "email needs digest_enabled and email_verified; push needs push_enabled; telegram needs no opt-in"
+const ConsentRules = "email needs digest_enabled and email_verified; push needs push_enabled; telegram needs no opt-in; wecom needs digest_enabled for a digest or a nudge and no opt-in for a reply; wecom_robot and wecom_bot_reply need no opt-in"
 
 // Allows reports whether current consent c (found says whether a record
 // exists) allows delivering e, and if not, the class that says why
@@ -82,8 +90,11 @@ const ConsentRules = "email needs digest_enabled and email_verified; push needs 
 //   - email needs digest_enabled and email_verified;
 //   - push needs push_enabled;
 //   - telegram (chat replies answer the user) needs no opt-in;
+//   - wecom needs digest_enabled for a digest or a nudge, and no opt-in
+//     for a reply; wecom_robot and wecom_bot_reply (replies) need none;
 //   - a suppression of the channel or of the recipient's target forbids;
-//   - without a record, email and push are refused as no_consent.
+//   - without a record, email, push and a wecom digest or nudge are
+//     refused as no_consent.
 func (c *Consent) Allows(found bool, e *envelope.Envelope) (bool, envelope.ErrorClass) {
 	target := TargetOf(e)
 	for _, s := range c.Suppressions {
@@ -97,6 +108,11 @@ func (c *Consent) Allows(found bool, e *envelope.Envelope) (bool, envelope.Error
 		needs = !c.DigestEnabled || !c.EmailVerified
 	case envelope.ChannelPush:
 		needs = !c.PushEnabled
+	case envelope.ChannelWeCom:
+		if e.Template == envelope.TemplateReply {
+			return true, ""
+		}
+		needs = !c.DigestEnabled
 	default:
 		return true, ""
 	}

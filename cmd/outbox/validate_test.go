@@ -94,7 +94,7 @@ func TestValidate_InvalidFixtures(t *testing.T) {
 		"id-control-character.json":                    "id: must not contain control characters",
 		"unknown-schema-version.json":                  `schema_version: unsupported version (want "1")`,
 		"unknown-template.json":                        "template: unknown template",
-		"template-channel-mismatch.json":               "channel: not allowed for template reply-text.v1 (want telegram)",
+		"template-channel-mismatch.json":               "channel: not allowed for template reply-text.v1 (want telegram or wecom or wecom_robot or wecom_bot_reply)",
 		"empty-user-id.json":                           "user_id: required non-empty",
 		"reply-text-empty.json":                        "payload.text: required non-empty",
 		"unknown-field.json":                           "priority: unknown field",
@@ -103,6 +103,11 @@ func TestValidate_InvalidFixtures(t *testing.T) {
 		"revisit-item-missing-quote.json":              "payload.sections[0].items[0].quote: required",
 		"highlight-count-negative.json":                "payload.highlight_count: must be at least 0",
 		"malformed-json.json":                          "(root): malformed JSON: invalid character after object key:value pair at line 2, column 22",
+		"wecom-without-user.json":                      "recipient.wecom_user: required for channel wecom",
+		"wecom-robot-bad-name.json":                    "recipient.robot: must be a robot name",
+		"wecom-bot-reply-without-expires-at.json":      "expires_at: required for channel wecom_bot_reply",
+		"wecom-bot-reply-expires-after-one-hour.json":  "expires_at: must be at most one hour after created_at",
+		"wecom-bot-reply-text-too-long.json":           "payload.text: must be at most 20480 bytes for channel wecom_bot_reply",
 	}
 	files, err := filepath.Glob(fixturePath("invalid/*.json"))
 	if err != nil {
