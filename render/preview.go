@@ -41,6 +41,14 @@ func PreviewJSON(m *envelope.Message) ([]byte, error) {
 			Units     int    `json:"telegram_length"`
 			Text      string `json:"text"`
 		}{m.Chat.Segment, m.Chat.Segments, m.Chat.ParseMode, envelope.UTF16Len(visible), m.Chat.Text}
+	case m.WeCom != nil:
+		v = struct {
+			MsgType  string `json:"msgtype"`
+			Segment  int    `json:"segment"`
+			Segments int    `json:"segments"`
+			Bytes    int    `json:"bytes"`
+			Content  string `json:"content"`
+		}{m.WeCom.MsgType, m.WeCom.Segment, m.WeCom.Segments, len(m.WeCom.Content), m.WeCom.Content}
 	case m.Channel == envelope.ChannelEmail && m.Email != nil:
 		v = struct {
 			To        string            `json:"to"`

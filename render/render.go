@@ -17,9 +17,11 @@
 //
 // The supported template × channel pairs are:
 //
-//	your-week-digest.v1  email
-//	resurface-nudge.v1   push, email
-//	reply-text.v1        telegram
+//	your-week-digest.v1  email, wecom
+//	resurface-nudge.v1   push, email, wecom
+//	reply-text.v1        telegram, wecom, wecom_robot, wecom_bot_reply
+//
+// and on wecom, your-week-digest.v1 and resurface-nudge.v1 as markdown.
 package render
 
 import (
@@ -146,6 +148,12 @@ func (r *Renderer) Render(e *envelope.Envelope, segment int, now time.Time) (*en
 		return r.nudgePush(e, now)
 	case e.Template == envelope.TemplateReply && e.Channel == envelope.ChannelTelegram:
 		return r.replyChat(e, segment)
+	case e.Template == envelope.TemplateReply && isWeCom(e.Channel):
+		return r.replyWeCom(e, segment)
+	case e.Template == envelope.TemplateDigest && e.Channel == envelope.ChannelWeCom:
+		return r.digestWeCom(e)
+	case e.Template == envelope.TemplateNudge && e.Channel == envelope.ChannelWeCom:
+		return r.nudgeWeCom(e)
 	}
 	return nil, fmt.Errorf("%w: %q on %q", ErrUnsupported, e.Template, e.Channel)
 }
@@ -161,7 +169,12 @@ func Segments(e *envelope.Envelope) int {
 	if err != nil {
 		return 0
 	}
-	return len(envelope.SplitReply(p.Text))
+	return len(envelope.SplitReplyFor(e.Channel, p.Text))
+}
+
+// isWeCom reports whether ch is one of the wecom channels.
+func isWeCom(ch envelope.Channel) bool {
+	return ch == envelope.ChannelWeCom || ch == envelope.ChannelWeComRobot || ch == envelope.ChannelWeComBotReply
 }
 
 // unsubscribeURL returns e's one-click unsubscribe URL.

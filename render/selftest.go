@@ -74,7 +74,8 @@ func sampleEnvelope(t envelope.Template, ch envelope.Channel) *envelope.Envelope
 				Endpoint: "https://push.example.invalid/sample",
 				Keys:     envelope.PushKeys{P256dh: "sample-p256dh", Auth: "sample-auth"},
 			},
-			ChatID: "1",
+			ChatID:    "1",
+			WeComUser: "sample-user",
 		},
 		ConsentSnapshot: envelope.ConsentSnapshot{DigestEnabled: true, Cadence: "weekly", UnsubscribeRef: "sample-ref"},
 		Payload:         raw,
@@ -130,6 +131,30 @@ func (r *Renderer) selfTest() error {
 	}
 	if strings.TrimSpace(pl.Body) == "" {
 		return r.incomplete("the sample push notification has an empty body", fileNudgeBody)
+	}
+
+	// WeCom markdown: every item's deep link and graph refs (the moat
+	// rule), within WeCom's limit.
+	for _, c := range []struct {
+		tpl   envelope.Template
+		items []envelope.Item
+		file  string
+	}{{envelope.TemplateDigest, sampleItems, fileDigestWeCom}, {envelope.TemplateNudge, sampleItems[:1], fileNudgeWeCom}} {
+		m, err := r.Render(sampleEnvelope(c.tpl, envelope.ChannelWeCom), 0, sampleNow)
+		if err != nil {
+			return fmt.Errorf("render: self-test of %s on wecom: %w", c.tpl, err)
+		}
+		for i := range c.items {
+			v := newItemView(&c.items[i])
+			if !strings.Contains(m.WeCom.Content, "("+mdURL(v.Link)+")") {
+				return r.incomplete(fmt.Sprintf("the sample %s on wecom lacks item %d's deep link as a markdown link", c.tpl, i+1), c.file)
+			}
+			for _, ref := range v.Refs {
+				if !strings.Contains(m.WeCom.Content, mdText(ref.Label)) {
+					return r.incomplete(fmt.Sprintf("the sample %s on wecom lacks item %d's graph ref %s", c.tpl, i+1, ref.Label), c.file)
+				}
+			}
+		}
 	}
 
 	// Reply segments: markup in the text must come out as text, and a

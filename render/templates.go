@@ -29,6 +29,8 @@ const (
 	fileNudgeTitle    = "resurface-nudge.v1.push.title.tmpl"
 	fileNudgeBody     = "resurface-nudge.v1.push.body.tmpl"
 	fileReply         = "reply-text.v1.telegram.tmpl"
+	fileDigestWeCom   = "your-week-digest.v1.wecom.md.tmpl"
+	fileNudgeWeCom    = "resurface-nudge.v1.wecom.md.tmpl"
 )
 
 // templateFiles lists every template file, sorted.
@@ -38,6 +40,7 @@ var templateFiles = func() []string {
 		fileDigestSubject, fileDigestHTML, fileDigestText,
 		fileNudgeSubject, fileNudgeHTML, fileNudgeText,
 		fileNudgeTitle, fileNudgeBody, fileReply,
+		fileDigestWeCom, fileNudgeWeCom,
 	}
 	slices.Sort(names)
 	return names
@@ -65,6 +68,7 @@ type templates struct {
 	digestText, nudgeText       *ttemplate.Template
 	nudgeTitle, nudgeBody       *ttemplate.Template
 	reply                       *ttemplate.Template
+	digestWeCom, nudgeWeCom     *ttemplate.Template
 	digestHTML, nudgeHTML       *htemplate.Template
 	// overridden records the files taken from Options.Overrides.
 	overridden map[string]bool
@@ -76,6 +80,9 @@ var funcs = map[string]any{
 	"tg": telegramEscape,
 	// upper upper-cases text (plain-text headings).
 	"upper": strings.ToUpper,
+	// md and mdurl escape text and links for WeCom markdown.
+	"md":    mdText,
+	"mdurl": mdURL,
 }
 
 // loadTemplates reads and parses every template, taking a file from
@@ -152,6 +159,8 @@ func loadTemplates(overrides fs.FS) (*templates, error) {
 	t.nudgeTitle = text(fileNudgeTitle)
 	t.nudgeBody = text(fileNudgeBody)
 	t.reply = text(fileReply)
+	t.digestWeCom = text(fileDigestWeCom)
+	t.nudgeWeCom = text(fileNudgeWeCom)
 	t.digestHTML = html(fileHTMLPartials, fileDigestHTML)
 	t.nudgeHTML = html(fileHTMLPartials, fileNudgeHTML)
 	if len(errs) > 0 {

@@ -56,7 +56,7 @@ type renderFlags struct {
 func runRender(ctx context.Context, e *env, args []string) int {
 	fs := flag.NewFlagSet("render", flag.ContinueOnError)
 	var f renderFlags
-	fs.StringVar(&f.channel, "channel", "", "render on this channel instead of the envelope's: email, push or telegram")
+	fs.StringVar(&f.channel, "channel", "", "render on this channel instead of the envelope's: email, push, telegram or wecom")
 	fs.StringVar(&f.out, "out", "", "write the rendered files into this directory (created if missing) instead of printing a summary")
 	fs.StringVar(&f.baseURL, "base-url", envOr(e, "OUTBOX_PUBLIC_URL", render.DefaultBaseURL), "public base URL of unsubscribe links (env OUTBOX_PUBLIC_URL)")
 	fs.StringVar(&f.from, "from", envOr(e, "OUTBOX_EMAIL_FROM", render.DefaultFrom), "From of the .eml files (env OUTBOX_EMAIL_FROM)")
@@ -77,7 +77,7 @@ func runRender(ctx context.Context, e *env, args []string) int {
 	if f.channel != "" {
 		channel = envelope.Channel(f.channel)
 		if !channel.Valid() {
-			fmt.Fprintf(e.Stderr, "Error: --channel %q is not one of email, push, telegram\nTry: outbox help render\n", f.channel)
+			fmt.Fprintf(e.Stderr, "Error: --channel %q is not one of email, push, telegram, wecom\nTry: outbox help render\n", f.channel)
 			return exitUsage
 		}
 	}
@@ -210,6 +210,7 @@ const (
 	placeholderUnsubscribe = "preview"
 	placeholderChatID      = "0"
 	placeholderEndpoint    = "https://push.example.invalid/preview"
+	placeholderWeComUser   = "preview"
 )
 
 // retarget moves ev to channel ch, filling what ch needs with
@@ -236,6 +237,11 @@ func retarget(ev *envelope.Envelope, ch envelope.Channel) []string {
 		if ev.Recipient.ChatID == "" {
 			ev.Recipient.ChatID = placeholderChatID
 			notes = append(notes, "recipient.chat_id is a placeholder: "+placeholderChatID)
+		}
+	case envelope.ChannelWeCom:
+		if ev.Recipient.WeComUser == "" {
+			ev.Recipient.WeComUser = placeholderWeComUser
+			notes = append(notes, "recipient.wecom_user is a placeholder: "+placeholderWeComUser)
 		}
 	}
 	return notes
@@ -309,6 +315,29 @@ func renderEnvelope(e *env, r *render.Renderer, f *renderFlags, where, name stri
 				i+1, n, units, m.Chat.ParseMode, m.Chat.Text)
 			if f.out == "" {
 				fmt.Fprintf(e.Stdout, "  segment %d/%d: %d characters, begins %q\n", i+1, n, units, firstWords(visible, 8))
+			}
+		}
+		js.WriteString("\n]\n")
+		files[base+".txt"] = txt.Bytes()
+		files[base+".json"] = js.Bytes()
+	case envelope.ChannelWeCom, envelope.ChannelWeComRobot, envelope.ChannelWeComBotReply:
+		var txt, js bytes.Buffer
+		js.WriteString("[\n")
+		if f.out == "" {
+			fmt.Fprintf(e.Stdout, "%s: %s on %s, %d segment(s)\n", where, ev.Template, ev.Channel, n)
+		}
+		for i, m := range msgs {
+			b, err := render.PreviewJSON(m)
+			if err != nil {
+				return err
+			}
+			if i > 0 {
+				js.WriteString(",\n")
+			}
+			js.Write(bytes.TrimSuffix(b, []byte("\n")))
+			fmt.Fprintf(&txt, "=== segment %d/%d · %d bytes · msgtype %s ===\n%s\n", i+1, n, len(m.WeCom.Content), m.WeCom.MsgType, m.WeCom.Content)
+			if f.out == "" {
+				fmt.Fprintf(e.Stdout, "  segment %d/%d: %s, %d bytes, begins %q\n", i+1, n, m.WeCom.MsgType, len(m.WeCom.Content), firstWords(m.WeCom.Content, 8))
 			}
 		}
 		js.WriteString("\n]\n")
