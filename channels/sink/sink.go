@@ -246,6 +246,17 @@ type chatFile struct {
 	Segments  int    `json:"segments"`
 }
 
+// weComFile is the JSON written for a WeCom message.
+type weComFile struct {
+	User     string `json:"wecom_user,omitempty"`
+	Agent    string `json:"wecom_agent,omitempty"`
+	Robot    string `json:"robot,omitempty"`
+	MsgType  string `json:"msgtype"`
+	Content  string `json:"content"`
+	Segment  int    `json:"segment"`
+	Segments int    `json:"segments"`
+}
+
 // encode returns the file contents for msg. Its errors name only the
 // problem, never the message's contents.
 func (p *Provider) encode(key envelope.Key, msg *envelope.Message) ([]byte, error) {
@@ -288,6 +299,13 @@ func (p *Provider) encode(key envelope.Key, msg *envelope.Message) ([]byte, erro
 			return nil, errors.New("sink: telegram message without Chat")
 		}
 		return marshal(chatFile{ChatID: m.ChatID, Text: m.Text, ParseMode: m.ParseMode, Segment: m.Segment, Segments: m.Segments})
+	case envelope.ChannelWeCom, envelope.ChannelWeComRobot, envelope.ChannelWeComBotReply:
+		m := msg.WeCom
+		if m == nil {
+			return nil, errors.New("sink: wecom message without WeCom")
+		}
+		// The response_url is a credential: not written.
+		return marshal(weComFile{User: m.User, Agent: m.Agent, Robot: m.Robot, MsgType: m.MsgType, Content: m.Content, Segment: m.Segment, Segments: m.Segments})
 	}
 	return nil, fmt.Errorf("sink: unknown channel %q", p.ch)
 }

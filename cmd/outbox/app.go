@@ -43,6 +43,7 @@ type appConfig struct {
 	ResendRate   float64
 	ResendPoll   time.Duration
 	TelegramURL  string
+	WeCom        weComConfig
 	Shutdown     time.Duration
 	SinkJournal  bool
 	Logger       *slog.Logger
@@ -60,7 +61,8 @@ type app struct {
 	poller    *resend.Poller
 	webhook   http.Handler
 	vapidPub  string
-	described []string // "channel: provider" lines for the start-up log
+	ledger    *deferredLedger // the AI bot replies' spent URLs, when configured
+	described []string        // "channel: provider" lines for the start-up log
 }
 
 // buildApp builds the renderer, the providers whose configuration is
@@ -73,6 +75,7 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	}
 	a := &app{providers: map[envelope.Channel]channels.Provider{}, sinks: map[envelope.Channel]*sink.Provider{}}
 	fail := func(err error) (*app, error) {
+		a.ledger.close()
 		if a.q != nil {
 			a.q.Close()
 		}
@@ -150,6 +153,9 @@ func buildApp(e *env, c appConfig) (*app, error) {
 		}
 		a.providers[envelope.ChannelTelegram] = p
 	}
+	if err := buildWeCom(e, c, a); err != nil {
+		return fail(err)
+	}
 
 	for _, ch := range envelope.Channels {
 		if p, ok := a.providers[ch]; ok {
@@ -176,7 +182,12 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	// fsync (see queue.Options.UnsyncedClaims).
 	a.q, err = filestore.Open(c.Data, &filestore.Options{Options: queue.Options{Logger: c.Logger.With("component", "queue"), Registerer: reg, Backoff: c.Backoff, Retention: c.Retention}, RescanInterval: c.Rescan, NoSync: c.Relaxed, UnsyncedClaims: idempotentChannels(a.providers)})
 	if err != nil {
-		return nil, err
+		return fail(err)
+	}
+	if a.ledger != nil {
+		if err := a.ledger.open(c.Data); err != nil {
+			return fail(err)
+		}
 	}
 	if email != nil && c.ResendPoll > 0 {
 		cursor := resend.FileCursor(filepath.Join(c.Data, "resend.cursor"))
@@ -213,7 +224,9 @@ func buildApp(e *env, c appConfig) (*app, error) {
 func idempotentChannels(providers map[envelope.Channel]channels.Provider) []envelope.Channel {
 	var out []envelope.Channel
 	for _, ch := range envelope.Channels {
-		if p, ok := providers[ch]; ok && p.Capabilities().IdempotentRedelivery {
+		// WeCom's duplicate check holds only within its interval, and a
+		// claim lost in a machine crash may be redelivered later than that.
+		if p, ok := providers[ch]; ok && p.Capabilities().IdempotentRedelivery && ch != envelope.ChannelWeCom {
 			out = append(out, ch)
 		}
 	}
@@ -225,7 +238,9 @@ func (a *app) close() error {
 	if a.w != nil {
 		a.w.Close()
 	}
-	return a.q.Close()
+	err := a.q.Close()
+	a.ledger.close()
+	return err
 }
 
 // runPruner prunes terminal rows past retention every interval until ctx ends.

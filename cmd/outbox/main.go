@@ -35,6 +35,9 @@ type env struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	Getenv func(string) string
+	// Environ lists the environment (os.Environ), for settings named by a
+	// pattern (OUTBOX_WECOM_ROBOT_<NAME>_KEY); nil means none.
+	Environ func() []string
 }
 
 // command is one subcommand.
@@ -63,7 +66,7 @@ func main() {
 		debug.SetGCPercent(400)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	e := &env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}
+	e := &env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv, Environ: os.Environ}
 	code := run(ctx, e, os.Args[1:])
 	stop()
 	os.Exit(code)

@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/channels/resend"
+	"github.com/outboxhq/outbox/channels/wecom"
+	"github.com/outboxhq/outbox/channels/wecom/wxapi"
+	"github.com/outboxhq/outbox/channels/wecomreply"
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore"
@@ -38,6 +41,9 @@ func rateLimit(perSecond float64) rate.Limit { return rate.Limit(perSecond) }
 // serveFlags are serve's settings; demo reuses the store and provider ones.
 type serveFlags struct {
 	data, addr, publicURL, templates, subscriber, emailFrom, replyTo, telegramURL, logFormat *string
+	wecomAPI, wecomCorp, wecomAgent, wecomReplyHosts                                         *string
+	wecomDailyCap                                                                            *int
+	wecomBotReplies                                                                          *bool
 	noSink, relaxed, sinkJournal                                                             *bool
 	concurrency, maxAttempts                                                                 *int
 	lease, backoffBase, backoffCap, retention, rescan, shutdown, resendPoll, seamLease       *time.Duration
@@ -66,6 +72,12 @@ func addServeFlags(s *settings) *serveFlags {
 	f.resendRate = s.integer("resend-rate", "OUTBOX_RESEND_RATE", 2, "Resend requests per second (per team)")
 	f.resendPoll = s.duration("resend-poll", "OUTBOX_RESEND_POLL_INTERVAL", 5*time.Minute, "how often bounces/complaints are polled from Resend (0 = off)")
 	f.telegramURL = s.str("telegram-api", "OUTBOX_TELEGRAM_API", "https://api.telegram.org", "Telegram Bot API base URL")
+	f.wecomAPI = s.str("wecom-api", "OUTBOX_WECOM_API", wxapi.DefaultBaseURL, "WeCom API base URL (application messages and group robots)")
+	f.wecomCorp = s.str("wecom-corp-id", "OUTBOX_WECOM_CORP_ID", "", "WeCom corp id (application messages; the secret is OUTBOX_WECOM_SECRET)")
+	f.wecomAgent = s.str("wecom-agent-id", "OUTBOX_WECOM_AGENT_ID", "", "WeCom application agentid")
+	f.wecomDailyCap = s.integer("wecom-daily-cap", "OUTBOX_WECOM_DAILY_CAP", wecom.DefaultDailyCap, "WeCom person-messages per application and day (your account cap × 200)")
+	f.wecomBotReplies = s.boolean("wecom-bot-replies", "OUTBOX_WECOM_BOT_REPLIES", false, "deliver wecom_bot_reply envelopes to their response_url (else the sink)")
+	f.wecomReplyHosts = s.str("wecom-bot-reply-hosts", "OUTBOX_WECOM_BOT_REPLY_HOSTS", wecomreply.DefaultHost, "hosts a response_url may point to, comma-separated")
 	f.shutdown = s.duration("shutdown-timeout", "OUTBOX_SHUTDOWN_TIMEOUT", 10*time.Second, "bound on draining in-flight deliveries at shutdown")
 	f.maxBody = s.integer("max-body", "OUTBOX_MAX_BODY", 1<<20, "largest request body in bytes")
 	f.maxInflight = s.integer("max-inflight", "OUTBOX_MAX_INFLIGHT", httpapi.DefaultMaxInflight,
@@ -83,6 +95,8 @@ func (f *serveFlags) appConfig(log *slog.Logger, reg *prometheus.Registry, publi
 		Retention: *f.retention, Rescan: *f.rescan, Relaxed: *f.relaxed, TemplatesDir: *f.templates,
 		Subscriber: *f.subscriber, EmailFrom: *f.emailFrom, EmailReplyTo: *f.replyTo,
 		ResendRate: float64(*f.resendRate), ResendPoll: *f.resendPoll, TelegramURL: *f.telegramURL,
+		WeCom: weComConfig{API: *f.wecomAPI, CorpID: *f.wecomCorp, AgentID: *f.wecomAgent, DailyCap: *f.wecomDailyCap,
+			BotReplies: *f.wecomBotReplies, ReplyHosts: *f.wecomReplyHosts},
 		Shutdown: *f.shutdown, SinkJournal: *f.sinkJournal, Logger: log, Registry: reg,
 	}
 }
