@@ -457,6 +457,9 @@ func conformanceMessage(ch envelope.Channel) func(envelope.Key) *envelope.Messag
 			}
 		case envelope.ChannelTelegram:
 			m.Chat = &envelope.ChatMessage{ChatID: canaryChat, Text: canaryBody, Segment: k.Segment, Segments: 1}
+		case envelope.ChannelWeCom, envelope.ChannelWeComRobot, envelope.ChannelWeComBotReply:
+			m.WeCom = &envelope.WeComMessage{User: canaryChat, Robot: "ops", ResponseURL: canaryEndp,
+				MsgType: envelope.WeComMarkdown, Content: canaryBody, Segment: k.Segment, Segments: 1}
 		}
 		return m
 	}

@@ -496,6 +496,12 @@ func TestProvider_Conformance(t *testing.T) {
 		envelope.ChannelPush:     func(envelope.Key) *envelope.Message { return pushMessage() },
 		envelope.ChannelTelegram: func(k envelope.Key) *envelope.Message { return chatMessage(k.Segment) },
 	}
+	for _, ch := range []envelope.Channel{envelope.ChannelWeCom, envelope.ChannelWeComRobot, envelope.ChannelWeComBotReply} {
+		messages[ch] = func(k envelope.Key) *envelope.Message {
+			return &envelope.Message{Channel: ch, WeCom: &envelope.WeComMessage{User: canaryChat, Robot: "ops",
+				ResponseURL: canaryEndpoint, MsgType: envelope.WeComText, Content: canaryBody, Segment: k.Segment, Segments: 1}}
+		}
+	}
 	const why = "a file system sink cannot be made to fail on request; real failures are covered by TestProvider_Deliver_Failures"
 	for _, ch := range envelope.Channels {
 		t.Run(string(ch), func(t *testing.T) {
