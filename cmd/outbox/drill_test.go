@@ -1,19 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -41,52 +36,18 @@ func TestDrill_Kill(t *testing.T) {
 	const token = "drill-token-0123456789"
 	envDir := t.TempDir()
 
-	var (
-		mu    sync.Mutex
-		acked = map[string]bool{}
-		seq   int
-	)
-	nextID := func(prefix string) string {
-		mu.Lock()
-		defer mu.Unlock()
-		seq++
-		return fmt.Sprintf("%s-%06d", prefix, seq)
-	}
-	ack := func(id string) {
-		mu.Lock()
-		acked[id] = true
-		mu.Unlock()
-	}
-
-	start := func() (*exec.Cmd, string) {
-		cmd := exec.Command(bin, "serve", "--data", data, "--addr", "127.0.0.1:0", "--lease", "1s", "--sink-journal", "--rescan", "200ms")
-		cmd.Env = append(os.Environ(), "INTERNAL_OUTBOX_TOKEN="+token)
-		stderr, _ := cmd.StderrPipe()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
+	acks := newAckSet()
+	start := func() (*daemon, string) {
+		d, out, _ := launchServe(t, bin, data, []string{"INTERNAL_OUTBOX_TOKEN=" + token}, "--lease", "1s", "--sink-journal", "--rescan", "200ms")
+		if d == nil {
+			t.Fatalf("serve did not start:\n%s", out)
 		}
-		addr := make(chan string, 1)
-		go func() {
-			sc := bufio.NewScanner(stderr)
-			for sc.Scan() {
-				if a, ok := strings.CutPrefix(sc.Text(), "listening on "); ok {
-					addr <- a
-				}
-			}
-		}()
-		select {
-		case a := <-addr:
-			return cmd, a
-		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
-			t.Fatal("serve did not start")
-		}
-		return nil, ""
+		return d, d.base
 	}
 
 	client := &http.Client{Timeout: 2 * time.Second}
 	for k := 0; k < kills; k++ {
-		cmd, base := start()
+		d, base := start()
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		// HTTP producers.
@@ -100,15 +61,16 @@ func TestDrill_Kill(t *testing.T) {
 						return
 					default:
 					}
-					id := nextID("h")
-					req, _ := http.NewRequest("POST", base+"/v1/envelopes", bytes.NewReader(replyJSON(id, "u"+strconv.Itoa(rand.IntN(5)))))
+					id, _ := acks.next("h")
+					user := "u" + strconv.Itoa(rand.IntN(5))
+					req, _ := http.NewRequest("POST", base+"/v1/envelopes", bytes.NewReader(replyJSON(id, user)))
 					req.Header.Set("Authorization", "Bearer "+token)
 					resp, err := client.Do(req)
 					if err != nil {
 						continue // the daemon died: not acknowledged
 					}
 					if resp.StatusCode == http.StatusCreated {
-						ack(id)
+						acks.ack(id, user, "http")
 					}
 					resp.Body.Close()
 				}
@@ -118,30 +80,17 @@ func TestDrill_Kill(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				id := nextID("c")
-				f := filepath.Join(envDir, id+".json")
-				os.WriteFile(f, replyJSON(id, "c"+strconv.Itoa(rand.IntN(3))), 0o600)
-				out, err := exec.Command(bin, "enqueue", "--data", data, f).CombinedOutput()
-				if err == nil && strings.Contains(string(out), "queued") {
-					ack(id)
-				}
-			}
+			appendLoop(bin, data, envDir, acks, stop, 0, func() (string, string) { return "c", "c" + strconv.Itoa(rand.IntN(3)) },
+				func(id, user string, _ int) []byte { return replyJSON(id, user) })
 		}()
 		time.Sleep(time.Duration(150+rand.IntN(500)) * time.Millisecond)
-		cmd.Process.Signal(syscall.SIGKILL)
-		cmd.Wait()
+		d.kill()
 		close(stop)
 		wg.Wait()
 	}
 
 	// Final run: let everything settle (expired leases are reconciled).
-	cmd, base := start()
+	d, base := start()
 	_ = base
 	settle := time.Now().Add(90 * time.Second)
 	var counts queue.Counts
@@ -158,8 +107,7 @@ func TestDrill_Kill(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	cmd.Wait()
+	d.stop(t)
 
 	if out, code := outbox(t, bin, "doctor", "--data", data); code != 0 {
 		t.Fatalf("doctor after the drill: %s", out)
@@ -169,6 +117,7 @@ func TestDrill_Kill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer q.Close()
+	acked := acks.snapshot()
 	lost, unresolved, delivered := 0, 0, 0
 	for id := range acked {
 		st, err := q.Get(context.Background(), "", id)
@@ -187,15 +136,10 @@ func TestDrill_Kill(t *testing.T) {
 	// No key delivered twice: the sink journals every Deliver call, and
 	// every call follows a claim written to the index, so any repeat means
 	// a lease was lost or ignored.
-	journal, _ := os.ReadFile(filepath.Join(data, "sink", "telegram.journal"))
-	per := map[string]int{}
+	per := sinkJournal(t, data, "telegram")
 	dups := 0
-	for _, l := range strings.Split(strings.TrimSpace(string(journal)), "\n") {
-		if l == "" {
-			continue
-		}
-		per[l]++
-		if per[l] == 2 {
+	for _, n := range per {
+		if n > 1 {
 			dups++
 		}
 	}

@@ -143,10 +143,13 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 // replyJSON is a telegram reply envelope (no consent needed).
-func replyJSON(id, user string) []byte {
+func replyJSON(id, user string) []byte { return replyToJSON(id, user, "424242") }
+
+// replyToJSON is replyJSON to another chat (Telegram paces each chat).
+func replyToJSON(id, user, chat string) []byte {
 	b, _ := json.Marshal(map[string]any{
 		"schema_version": "1", "id": id, "user_id": user, "channel": "telegram", "template": "reply-text.v1",
-		"recipient": map[string]any{"chat_id": "424242"}, "payload": map[string]any{"text": "hello from " + id},
+		"recipient": map[string]any{"chat_id": chat}, "payload": map[string]any{"text": "hello from " + id},
 		"created_at": "2026-11-01T00:00:00Z",
 	})
 	return b

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -43,71 +41,16 @@ func faultRounds(short int) int {
 // exits. It returns the daemon (nil if it exited) and what it printed.
 func tryServe(t *testing.T, bin, data string) (*daemon, string, int) {
 	t.Helper()
-	cmd := exec.Command(bin, "serve", "--data", data, "--addr", "127.0.0.1:0", "--lease", "2s", "--sink-journal")
-	cmd.Env = append(os.Environ(), "INTERNAL_OUTBOX_TOKEN="+faultToken)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var logs bytes.Buffer
-	found := make(chan string, 1)
-	eof := make(chan struct{})
-	go func() {
-		defer close(eof)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			mu.Lock()
-			logs.WriteString(sc.Text() + "\n")
-			mu.Unlock()
-			if after, ok := strings.CutPrefix(sc.Text(), "listening on "); ok {
-				found <- after
-			}
-		}
-	}()
-	text := func() string { mu.Lock(); defer mu.Unlock(); return logs.String() }
-	select {
-	case base := <-found:
-		t.Cleanup(func() {
-			if cmd.ProcessState == nil {
-				cmd.Process.Kill()
-				cmd.Wait()
-			}
-		})
-		return &daemon{cmd: cmd, base: base, logs: &lockedBuffer{}, scanned: eof}, text(), 0
-	case <-eof:
-		err := cmd.Wait()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		}
-		return nil, text(), code
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("serve neither listened nor exited:\n%s", text())
-	}
-	return nil, "", 0
+	return launchServe(t, bin, data, []string{"INTERNAL_OUTBOX_TOKEN=" + faultToken}, "--lease", "2s", "--sink-journal")
 }
 
 // journal returns the sink's Deliver calls for telegram: how many, and
 // how many keys were delivered more than once.
 func journal(t *testing.T, data string) (calls, twice int) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(data, "sink", "telegram.journal"))
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
-	per := map[string]int{}
-	for _, l := range strings.Split(string(b), "\n") {
-		if l == "" {
-			continue
-		}
-		calls++
-		if per[l]++; per[l] == 2 {
+	for _, n := range sinkJournal(t, data, "telegram") {
+		calls += n
+		if n > 1 {
 			twice++
 		}
 	}
@@ -436,20 +379,30 @@ func sentStore(t *testing.T, n int) string {
 // scramble damages an index file the way the operator did.
 func scramble(t *testing.T, path, kind string) {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	seed := uint64(len(kind))
-	next := func() uint64 { // xorshift: the same damage every run
+	scrambleWith(t, path, kind, func() uint64 { // xorshift: the same damage every run
 		seed ^= seed << 13
 		seed ^= seed >> 7
 		seed ^= seed << 17
 		return seed
+	})
+}
+
+// scrambleWith damages path by kind ("pages": 8 pages overwritten,
+// "truncated": cut to 1 MiB or half its size, "flipped": 200 bytes
+// inverted), drawing positions from next.
+func scrambleWith(t *testing.T, path, kind string, next func() uint64) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
 	}
 	const ps = 4096
 	switch kind {
 	case "pages":
+		if len(b)/ps <= 2 {
+			t.Fatalf("scramble: %d bytes, too small for pages", len(b))
+		}
 		for i := 0; i < 8; i++ {
 			p := 2 + int(next()%uint64(len(b)/ps-2))
 			for j := p * ps; j < (p+1)*ps; j++ {
@@ -457,7 +410,11 @@ func scramble(t *testing.T, path, kind string) {
 			}
 		}
 	case "truncated":
-		b = b[:1<<20]
+		if len(b) > 1<<20 {
+			b = b[:1<<20]
+		} else {
+			b = b[:len(b)/2]
+		}
 	case "flipped":
 		for i := 0; i < 200; i++ {
 			b[next()%uint64(len(b))] ^= 0xff

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Helpers shared by the drills that run outbox serve as a child process
+// under load (the kill drill, the index faults, the fault drill).
+
+// launchServe starts `outbox serve --data data --addr 127.0.0.1:0` with
+// env added to the environment and args after the flags, and waits until
+// it listens or exits. It returns the daemon (nil if it exited), what it
+// printed until then, and its exit code.
+func launchServe(t *testing.T, bin, data string, env []string, args ...string) (*daemon, string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"serve", "--data", data, "--addr", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{cmd: cmd, logs: &lockedBuffer{}, scanned: make(chan struct{})}
+	found := make(chan string, 1)
+	go func() {
+		defer close(d.scanned)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			d.logs.Write([]byte(sc.Text() + "\n"))
+			if after, ok := strings.CutPrefix(sc.Text(), "listening on "); ok {
+				found <- after
+			}
+		}
+	}()
+	select {
+	case d.base = <-found:
+		t.Cleanup(func() {
+			if cmd.ProcessState == nil {
+				d.kill()
+			}
+		})
+		return d, d.logs.String(), 0
+	case <-d.scanned:
+		err := cmd.Wait()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		return nil, d.logs.String(), code
+	case <-time.After(30 * time.Second):
+		d.kill()
+		t.Fatalf("serve neither listened nor exited:\n%s", d.logs)
+	}
+	return nil, "", 0
+}
+
+// kill SIGKILLs the daemon and reaps it.
+func (d *daemon) kill() {
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.scanned // every read of the pipe before Wait closes it
+	d.cmd.Wait()
+}
+
+// ackSet records the ids a drill's producers had acknowledged.
+type ackSet struct {
+	mu    sync.Mutex
+	seq   int // ids handed out
+	order int // acknowledgements so far
+	acked map[string]ackInfo
+}
+
+// ackInfo is what the checks need of one acknowledged envelope.
+type ackInfo struct {
+	user  string
+	via   string // "http" (serve answered 201) or "enqueue" (outbox enqueue printed queued)
+	order int    // acknowledgement order: which faults came after it
+}
+
+func newAckSet() *ackSet { return &ackSet{acked: map[string]ackInfo{}} }
+
+// next returns a new id with prefix, unique in the drill.
+func (a *ackSet) next(prefix string) (string, int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.seq++
+	return fmt.Sprintf("%s-%06d", prefix, a.seq), a.seq
+}
+
+func (a *ackSet) ack(id, user, via string) {
+	a.mu.Lock()
+	a.order++
+	a.acked[id] = ackInfo{user: user, via: via, order: a.order}
+	a.mu.Unlock()
+}
+
+// now is the current position in the acknowledgement order.
+func (a *ackSet) now() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.order
+}
+
+func (a *ackSet) snapshot() map[string]ackInfo {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := make(map[string]ackInfo, len(a.acked))
+	for k, v := range a.acked {
+		m[k] = v
+	}
+	return m
+}
+
+// appendLoop is the foreign appender: `outbox enqueue` processes, one
+// envelope each (mk builds it for id and user), until stop is closed.
+// pause is the wait between two.
+func appendLoop(bin, data, envDir string, a *ackSet, stop <-chan struct{}, pause time.Duration, pick func() (prefix, user string), mk func(id, user string, n int) []byte) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(pause):
+		}
+		prefix, user := pick()
+		id, n := a.next(prefix)
+		f := filepath.Join(envDir, id+".json")
+		os.WriteFile(f, mk(id, user, n), 0o600)
+		out, err := exec.Command(bin, "enqueue", "--data", data, f).CombinedOutput()
+		if err == nil && strings.Contains(string(out), "queued") {
+			a.ack(id, user, "enqueue")
+		}
+		os.Remove(f)
+	}
+}
+
+// sinkJournal returns the sink's Deliver calls on channel ch by key hash
+// (serve --sink-journal writes one line per call).
+func sinkJournal(t *testing.T, data, ch string) map[string]int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(data, "sink", ch+".journal"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	per := map[string]int{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if l != "" {
+			per[l]++
+		}
+	}
+	return per
+}
