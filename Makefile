@@ -70,6 +70,11 @@ e2e: ## opt-in tests against the real services (OUTBOX_E2E_* variables; skipped 
 drill: ## the long kill drill: SIGKILL outbox serve 50 times under load, then check nothing was lost or sent twice
 	OUTBOX_DRILL_KILLS=$${KILLS:-50} $(GO) test -count=1 -timeout 30m -run 'TestDrill_Kill$$' -v ./cmd/outbox/
 
+.PHONY: faults
+faults: ## the fault drill: 200 faults (FAULTS=…; SEED=… repeats a sequence) under load through outbox serve; table in bin/faults-report.md
+	@mkdir -p bin
+	OUTBOX_FAULTS=$${FAULTS:-200} OUTBOX_FAULTS_SEED=$(SEED) OUTBOX_FAULTS_REPORT=$(CURDIR)/bin/faults-report.md $(GO) test -count=1 -timeout 60m -run 'TestDrill_Faults$$' -v ./cmd/outbox/
+
 .PHONY: index-faults
 index-faults: ## the index fault tests with more rounds (ROUNDS=30): killed rebuilds, compact racing serve, corruptions
 	OUTBOX_INDEX_FAULT_ROUNDS=$${ROUNDS:-30} $(GO) test -count=1 -timeout 30m -run '^TestFault_|^TestOpen_CorruptIndexNeverCrashes$$' -v ./cmd/outbox/ ./queue/filestore/

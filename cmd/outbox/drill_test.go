@@ -70,7 +70,7 @@ func TestDrill_Kill(t *testing.T) {
 						continue // the daemon died: not acknowledged
 					}
 					if resp.StatusCode == http.StatusCreated {
-						acks.ack(id, user, "http")
+						acks.ack(id, user, "http", 0)
 					}
 					resp.Body.Close()
 				}

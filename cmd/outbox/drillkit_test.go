@@ -76,7 +76,7 @@ func (d *daemon) kill() {
 type ackSet struct {
 	mu    sync.Mutex
 	seq   int // ids handed out
-	order int // acknowledgements so far
+	clock int // events: requests started, faults (see tick)
 	acked map[string]ackInfo
 }
 
@@ -84,7 +84,7 @@ type ackSet struct {
 type ackInfo struct {
 	user  string
 	via   string // "http" (serve answered 201) or "enqueue" (outbox enqueue printed queued)
-	order int    // acknowledgement order: which faults came after it
+	since int    // tick when its request started: faults with a later tick came after it
 }
 
 func newAckSet() *ackSet { return &ackSet{acked: map[string]ackInfo{}} }
@@ -97,18 +97,20 @@ func (a *ackSet) next(prefix string) (string, int) {
 	return fmt.Sprintf("%s-%06d", prefix, a.seq), a.seq
 }
 
-func (a *ackSet) ack(id, user, via string) {
+// ack records id as acknowledged; since is the tick its request started at.
+func (a *ackSet) ack(id, user, via string, since int) {
 	a.mu.Lock()
-	a.order++
-	a.acked[id] = ackInfo{user: user, via: via, order: a.order}
+	a.acked[id] = ackInfo{user: user, via: via, since: since}
 	a.mu.Unlock()
 }
 
-// now is the current position in the acknowledgement order.
-func (a *ackSet) now() int {
+// tick orders events: a fault whose tick is later than a request's start
+// may have hit that request's envelope.
+func (a *ackSet) tick() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.order
+	a.clock++
+	return a.clock
 }
 
 func (a *ackSet) snapshot() map[string]ackInfo {
@@ -135,9 +137,10 @@ func appendLoop(bin, data, envDir string, a *ackSet, stop <-chan struct{}, pause
 		id, n := a.next(prefix)
 		f := filepath.Join(envDir, id+".json")
 		os.WriteFile(f, mk(id, user, n), 0o600)
+		since := a.tick()
 		out, err := exec.Command(bin, "enqueue", "--data", data, f).CombinedOutput()
 		if err == nil && strings.Contains(string(out), "queued") {
-			a.ack(id, user, "enqueue")
+			a.ack(id, user, "enqueue", since)
 		}
 		os.Remove(f)
 	}
