@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -44,40 +43,10 @@ type daemon struct {
 // "listening on" line.
 func startServe(t *testing.T, bin, data, token string, extra ...string) *daemon {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"serve", "--data", data, "--addr", "127.0.0.1:0", "--lease", "2s"}, extra...)...)
-	cmd.Env = append(os.Environ(), "INTERNAL_OUTBOX_TOKEN="+token)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
+	d, out, code := launchServe(t, bin, data, []string{"INTERNAL_OUTBOX_TOKEN=" + token}, append([]string{"--lease", "2s"}, extra...)...)
+	if d == nil {
+		t.Fatalf("serve exited with %d before listening; logs:\n%s", code, out)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d := &daemon{cmd: cmd, logs: &lockedBuffer{}, scanned: make(chan struct{})}
-	found := make(chan string, 1)
-	go func() {
-		defer close(d.scanned)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			d.logs.Write([]byte(line + "\n"))
-			if after, ok := strings.CutPrefix(line, "listening on "); ok {
-				found <- after
-			}
-		}
-	}()
-	select {
-	case d.base = <-found:
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		t.Fatalf("serve did not report listening; logs:\n%s", d.logs)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
 	return d
 }
 

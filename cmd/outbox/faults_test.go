@@ -1,3 +1,7 @@
+//go:build linux
+
+// The fault drill uses Linux only: a loop-mounted ext4, fallocate, statfs.
+
 package main
 
 import (
@@ -93,6 +97,7 @@ func TestDrill_Faults(t *testing.T) {
 		order = order[1:]
 		time.Sleep(time.Duration(150+dr.rng.IntN(450)) * time.Millisecond) // load before the fault
 		dr.checkAlive()
+		dr.faultNo = i + 1
 		what := dr.apply(kind)
 		dr.applied[kind]++
 		t.Logf("fault %d/%d %s: %s", i+1, faults, kind, what)
@@ -137,8 +142,9 @@ type faultDrill struct {
 	mu        sync.Mutex // guards what the producers count
 	statuses  map[string]int
 	logPath   map[string]string
-	logFaults map[string][]int // user → the tick of each fault of the user's log
-	rebuilds  []int            // the tick of each rebuild (or possible one)
+	logFaults map[string][]logFault // by user
+	rebuilds  []int                 // the tick of each rebuild (or possible one)
+	faultNo   int                   // the fault being applied
 
 	applied                     map[string]int
 	steps                       map[string]int // recovery steps taken, by kind
@@ -154,7 +160,7 @@ func newFaultDrill(t *testing.T, bin string, seed uint64) *faultDrill {
 		t: t, bin: bin, envDir: t.TempDir(),
 		rng:  rand.New(rand.NewPCG(seed, 1)),
 		acks: newAckSet(), client: &http.Client{Timeout: 5 * time.Second},
-		statuses: map[string]int{}, logPath: map[string]string{}, logFaults: map[string][]int{},
+		statuses: map[string]int{}, logPath: map[string]string{}, logFaults: map[string][]logFault{},
 		applied: map[string]int{}, steps: map[string]int{}, known: map[string]int{},
 		rebuildTook: 300 * time.Millisecond, compactTook: 300 * time.Millisecond,
 	}
@@ -448,11 +454,8 @@ func (dr *faultDrill) run(args ...string) (string, int, time.Duration) {
 
 // noCrashNote records a Go panic or fault in a command's output.
 func noCrashNote(dr *faultDrill, what, out string) {
-	for _, s := range []string{"panic:", "fatal error:", "goroutine ", "SIGSEGV", "SIGBUS"} {
-		if strings.Contains(out, s) {
-			dr.defect("%s crashed: %.600s", what, out)
-			return
-		}
+	if crashed(out) {
+		dr.defect("%s crashed: %s", what, crashOf(out))
 	}
 }
 
@@ -848,11 +851,12 @@ func (dr *faultDrill) logFault(kind string) string {
 			dr.t.Fatal(err)
 		}
 	}
+	what = fmt.Sprintf("%s's log %s (%s)", user, what, map[bool]string{true: "under serve", false: "serve stopped"}[running])
 	dr.mu.Lock()
-	dr.logFaults[user] = append(dr.logFaults[user], dr.acks.tick())
+	dr.logFaults[user] = append(dr.logFaults[user], logFault{tick: dr.acks.tick(), what: fmt.Sprintf("fault %d %s: %s", dr.faultNo, kind, what)})
 	dr.mu.Unlock()
 	out, code, _ := dr.run("doctor", "--data", dr.data)
-	what = fmt.Sprintf("%s's log %s (%s); doctor = %d", user, what, map[bool]string{true: "under serve", false: "serve stopped"}[running], code)
+	what += fmt.Sprintf("; doctor = %d", code)
 	if strings.Contains(out, "hint:") {
 		what += " with a hint"
 	}
@@ -1050,7 +1054,8 @@ func (dr *faultDrill) finish() {
 				calls = 1 // killed between the sink's file and its journal line
 			}
 		}
-		faulted := dr.logFaultAfter(a)
+		fault := dr.logFaultAfter(a)
+		faulted := fault != ""
 		st, gerr := q.Get(context.Background(), "", id)
 		state, class := "", envelope.ErrorClass("")
 		if gerr == nil {
@@ -1078,7 +1083,7 @@ func (dr *faultDrill) finish() {
 			r.goneRebuilt++
 		case gerr != nil && faulted && a.via == "http":
 			r.unknownHTTP++
-			t.Logf("KNOWN DEFECT (ingest, issue K item 4): %s acknowledged by serve, its log faulted afterwards before the index knew it, no rebuild since: %v", id, gerr)
+			t.Logf("KNOWN DEFECT (ingest, issue K item 4): %s (user %s) acknowledged by serve, then %s, before the index knew it; no rebuild since: %v", id, a.user, fault, gerr)
 		case gerr != nil && faulted:
 			r.unknownEnqueue++
 		case gerr != nil:
@@ -1126,17 +1131,23 @@ func (dr *faultDrill) finish() {
 	}
 }
 
+// logFault is a fault of one user's log: when (a tick) and what.
+type logFault struct {
+	tick int
+	what string
+}
+
 // rebuiltAfterLogFault reports whether the index was rebuilt after a
-// fault of a's log that came after a's acknowledgement.
+// fault of a's log that came after a's request.
 func (dr *faultDrill) rebuiltAfterLogFault(a ackInfo) bool {
 	dr.mu.Lock()
 	defer dr.mu.Unlock()
 	for _, f := range dr.logFaults[a.user] {
-		if f < a.since {
+		if f.tick <= a.since {
 			continue
 		}
 		for _, r := range dr.rebuilds {
-			if r > f {
+			if r > f.tick {
 				return true
 			}
 		}
@@ -1144,17 +1155,17 @@ func (dr *faultDrill) rebuiltAfterLogFault(a ackInfo) bool {
 	return false
 }
 
-// logFaultAfter reports whether a fault hit a's user's log after a was
-// acknowledged.
-func (dr *faultDrill) logFaultAfter(a ackInfo) bool {
+// logFaultAfter names the first fault of a's user's log after a's
+// request started ("" if none).
+func (dr *faultDrill) logFaultAfter(a ackInfo) string {
 	dr.mu.Lock()
 	defer dr.mu.Unlock()
-	for _, at := range dr.logFaults[a.user] {
-		if at > a.since {
-			return true
+	for _, f := range dr.logFaults[a.user] {
+		if f.tick > a.since {
+			return f.what
 		}
 	}
-	return false
+	return ""
 }
 
 type faultReport struct {

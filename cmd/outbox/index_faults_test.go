@@ -57,13 +57,21 @@ func journal(t *testing.T, data string) (calls, twice int) {
 	return calls, twice
 }
 
+// crashed reports whether a command's output shows a Go panic or fault.
+func crashed(out string) bool {
+	for _, s := range []string{"panic:", "fatal error:", "goroutine ", "SIGSEGV", "SIGBUS"} {
+		if strings.Contains(out, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // noCrash fails when a command's output shows a Go panic or fault.
 func noCrash(t *testing.T, what, out string) {
 	t.Helper()
-	for _, s := range []string{"panic:", "fatal error:", "goroutine ", "SIGSEGV", "SIGBUS"} {
-		if strings.Contains(out, s) {
-			t.Fatalf("%s crashed:\n%s", what, out)
-		}
+	if crashed(out) {
+		t.Fatalf("%s crashed:\n%s", what, out)
 	}
 }
 
