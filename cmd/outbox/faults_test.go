@@ -98,6 +98,9 @@ func TestDrill_Faults(t *testing.T) {
 		time.Sleep(time.Duration(150+dr.rng.IntN(450)) * time.Millisecond) // load before the fault
 		dr.checkAlive()
 		dr.faultNo = i + 1
+		dr.mu.Lock()
+		dr.lastFault = kind
+		dr.mu.Unlock()
 		what := dr.apply(kind)
 		dr.applied[kind]++
 		t.Logf("fault %d/%d %s: %s", i+1, faults, kind, what)
@@ -145,6 +148,8 @@ type faultDrill struct {
 	logFaults map[string][]logFault // by user
 	rebuilds  []int                 // the tick of each rebuild (or possible one)
 	faultNo   int                   // the fault being applied
+	full      int                   // 507 answers (under mu)
+	lastFault string                // its kind, for the producers' tally of errors (under mu)
 
 	applied                     map[string]int
 	steps                       map[string]int // recovery steps taken, by kind
@@ -162,7 +167,7 @@ func newFaultDrill(t *testing.T, bin string, seed uint64) *faultDrill {
 		acks: newAckSet(), client: &http.Client{Timeout: 5 * time.Second},
 		statuses: map[string]int{}, logPath: map[string]string{}, logFaults: map[string][]logFault{},
 		applied: map[string]int{}, steps: map[string]int{}, known: map[string]int{},
-		rebuildTook: 300 * time.Millisecond, compactTook: 300 * time.Millisecond,
+		rebuildTook: 300 * time.Millisecond, compactTook: 300 * time.Millisecond, lastFault: "no fault yet",
 	}
 	t.Cleanup(dr.client.CloseIdleConnections)
 	dr.kinds = faultKinds
@@ -358,7 +363,13 @@ func (dr *faultDrill) enqueue(users []string, envs []json.RawMessage) {
 			Error struct{ Code string } `json:"error"`
 		}
 		json.Unmarshal(b, &e)
-		dr.count(strconv.Itoa(code) + " " + e.Error.Code)
+		dr.mu.Lock()
+		during := dr.lastFault
+		if code == http.StatusInsufficientStorage {
+			dr.full++
+		}
+		dr.mu.Unlock()
+		dr.count(fmt.Sprintf("%d %s (during or after %s)", code, e.Error.Code, during))
 		if e.Error.Code == "consent_denied" {
 			dr.syncConsent() // the app syncs consent again when told it is missing
 		}
@@ -899,11 +910,11 @@ func (dr *faultDrill) diskFull() string {
 	f.Sync()
 	f.Close()
 	dr.mu.Lock()
-	before := dr.statuses["507 storage_full"]
+	before := dr.full
 	dr.mu.Unlock()
 	time.Sleep(time.Duration(300+dr.rng.IntN(700)) * time.Millisecond)
 	dr.mu.Lock()
-	full := dr.statuses["507 storage_full"] - before
+	full := dr.full - before
 	dr.mu.Unlock()
 	if err := os.Remove(ballast); err != nil {
 		dr.t.Fatal(err)
