@@ -371,7 +371,8 @@ func (dr *faultDrill) enqueue(users []string, envs []json.RawMessage) {
 		dr.mu.Unlock()
 		dr.count(fmt.Sprintf("%d %s (during or after %s)", code, e.Error.Code, during))
 		if e.Error.Code == "consent_denied" {
-			dr.syncConsent() // the app syncs consent again when told it is missing
+			base, _ := dr.base.Load().(string)
+			dr.syncConsent(base) // the app syncs consent again when told it is missing
 		}
 		time.Sleep(20 * time.Millisecond)
 		return
@@ -427,10 +428,10 @@ func (dr *faultDrill) produceReplies(stop <-chan struct{}, seed uint64) {
 	}
 }
 
-// syncConsent is the app's consent sync: every e-mail user consents.
-func (dr *faultDrill) syncConsent() {
+// syncConsent is the app's consent sync with the serve at base: every
+// e-mail user consents.
+func (dr *faultDrill) syncConsent(base string) {
 	for _, u := range emailUsers {
-		base, _ := dr.base.Load().(string)
 		if base == "" {
 			return
 		}
@@ -487,7 +488,7 @@ func (dr *faultDrill) up() string {
 			dr.d = d
 			dr.cutUnderServe = false
 			dr.dropBroken()
-			dr.syncConsent() // before the producers see it: no 409 storm
+			dr.syncConsent(d.base) // before the producers see it: no 409 storm
 			dr.base.Store(d.base)
 			trail = append(trail, "serve")
 			if r := dr.resolve(25); r != "" {
