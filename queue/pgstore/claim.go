@@ -1,0 +1,440 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+)
+
+func checkClaim(req queue.ClaimRequest) (queue.ClaimRequest, error) {
+	if req.Owner == "" {
+		return req, errors.New("queue: claim request needs an owner")
+	}
+	if req.Lease <= 0 {
+		return req, errors.New("queue: claim request needs a positive lease duration")
+	}
+	if req.Limit <= 0 {
+		req.Limit = 1
+	}
+	return req, nil
+}
+
+func channelsOf(req *queue.ClaimRequest) []string {
+	out := make([]string, len(req.Channels))
+	for i, c := range req.Channels {
+		out[i] = string(c)
+	}
+	return out
+}
+
+// candidate is a row a claim or recovery found, its envelope locked.
+type candidate struct {
+	key envKey
+	seg int
+}
+
+// lockCandidates locks the envelopes of up to limit rows of lane that are
+// due at now (in wake time, then enqueue order), skipping envelopes another
+// transaction holds. What the rows looked like in this query's snapshot
+// proves nothing (a transaction that held the lock may have changed them):
+// the caller reads them again and lets the state machine decide.
+func (s *Store) lockCandidates(ctx context.Context, tx pgx.Tx, lane int16, now time.Time, req *queue.ClaimRequest, extra string, limit int) ([]candidate, error) {
+	q := `SELECT d.tenant, d.env_id, d.seg FROM {s}.deliveries d JOIN {s}.envelopes e ON e.tenant = d.tenant AND e.id = d.env_id
+		WHERE d.lane = $1 AND d.wake_ns <= $2 AND ($3 = '' OR d.tenant = $3) AND (cardinality($4::text[]) = 0 OR d.channel = ANY($4))` + extra + `
+		ORDER BY d.wake_ns, d.env_seq, d.seg`
+	args := []any{lane, now.UnixNano(), req.Tenant, channelsOf(req)}
+	if limit > 0 {
+		q += ` LIMIT $5`
+		args = append(args, limit)
+	}
+	rows, err := tx.Query(ctx, s.sql(q+` FOR UPDATE OF e SKIP LOCKED`), args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (candidate, error) {
+		var c candidate
+		err := r.Scan(&c.key.tenant, &c.key.id, &c.seg)
+		return c, err
+	})
+}
+
+// fences hands out fences from the sequence, fetched ahead in one query.
+type fences struct {
+	buf []uint64
+	err error
+	get func(n int) ([]uint64, error)
+}
+
+func (s *Store) fencer(ctx context.Context, tx pgx.Tx) *fences {
+	return &fences{get: func(n int) ([]uint64, error) {
+		rows, err := tx.Query(ctx, s.sql(`SELECT nextval('{s}.fence_seq') FROM generate_series(1, $1)`), n)
+		if err != nil {
+			return nil, err
+		}
+		out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return nil, err
+		}
+		fs := make([]uint64, len(out))
+		for i, v := range out {
+			fs[i] = uint64(v)
+		}
+		slices.Sort(fs)
+		return fs, nil
+	}}
+}
+
+// reserve fetches n fences ahead.
+func (f *fences) reserve(n int) error {
+	if n <= len(f.buf) {
+		return nil
+	}
+	fs, err := f.get(n - len(f.buf))
+	if err != nil {
+		return err
+	}
+	f.buf = append(f.buf, fs...)
+	return nil
+}
+
+// next is the state machine's fence function.
+func (f *fences) next() uint64 {
+	if len(f.buf) == 0 {
+		if err := f.reserve(1); err != nil {
+			f.err = err
+			return 0
+		}
+	}
+	v := f.buf[0]
+	f.buf = f.buf[1:]
+	return v
+}
+
+func (s *Store) lease(l *loaded, seg int, d *queue.Delivery) (*queue.Lease, error) {
+	e, err := l.envelope()
+	if err != nil {
+		return nil, err
+	}
+	return &queue.Lease{
+		Key:        envelope.Key{Tenant: l.key.tenant, EnvelopeID: l.key.id, Segment: seg},
+		UserID:     l.userID,
+		Channel:    l.channel,
+		Owner:      d.Owner,
+		Fence:      d.Fence,
+		Attempt:    d.Attempts,
+		ExpiresAt:  d.LeaseEnd,
+		Segments:   l.segments,
+		EnqueuedAt: l.enqueued,
+		Envelope:   e,
+	}, nil
+}
+
+// Claim leases up to req.Limit eligible rows, oldest due first (then in
+// enqueue order); rows past their envelope's expires_at become expired and
+// rows current consent forbids suppressed (neither counts or is returned).
+// See queue.Store.
+func (s *Store) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
+	req, err := checkClaim(req)
+	if err != nil {
+		return nil, err
+	}
+	var leases []*queue.Lease
+	err = s.inTx(ctx, "claim", func(tx pgx.Tx) error {
+		leases = leases[:0]
+		now := s.now()
+		fs := s.fencer(ctx, tx)
+		cc := s.newConsents()
+		seen := map[candidate]bool{}
+		for len(leases) < req.Limit {
+			cands, err := s.lockCandidates(ctx, tx, laneDue, now, &req, "", req.Limit-len(leases))
+			if err != nil {
+				return err
+			}
+			cands = slices.DeleteFunc(cands, func(c candidate) bool { return seen[c] })
+			if len(cands) == 0 {
+				break
+			}
+			envs, err := s.loadMany(ctx, tx, keysOf(cands))
+			if err != nil {
+				return err
+			}
+			users := make([]userKey, 0, len(cands))
+			for _, c := range cands {
+				seen[c] = true
+				if l := envs[c.key]; l != nil {
+					users = append(users, userKey{l.key.tenant, l.userID})
+				}
+			}
+			if err := cc.preload(ctx, tx, users); err != nil {
+				return err
+			}
+			if err := fs.reserve(len(cands)); err != nil {
+				return err
+			}
+			var b rowBatch
+			var took []int // per lease: the segment, to build it after the write
+			var tookEnv []*loaded
+			for _, c := range cands {
+				l := envs[c.key]
+				if l == nil || c.seg >= len(l.rows) || !l.rows[c.seg].Eligible(now) {
+					continue // changed since the candidates' snapshot: no longer due
+				}
+				if len(took) == req.Limit-len(leases) {
+					break
+				}
+				e, err := l.envelope()
+				if err != nil {
+					return err
+				}
+				con, found, err := cc.get(ctx, tx, l.key.tenant, l.userID)
+				if err != nil {
+					return err
+				}
+				v := queue.Judge(e, con, found, l.addr, now)
+				st, err := queue.Claim(l.rows, c.seg, v, req, fs.next, now)
+				if err != nil {
+					return err
+				}
+				if fs.err != nil {
+					return fs.err
+				}
+				if err := addStep(&b, l, st); err != nil {
+					return err
+				}
+				l.rows = st.Rows
+				if v.State == envelope.StateSending {
+					took = append(took, c.seg)
+					tookEnv = append(tookEnv, l)
+				}
+			}
+			if err := s.updateRows(ctx, tx, &b); err != nil {
+				return err
+			}
+			for i, seg := range took {
+				ls, err := s.lease(tookEnv[i], seg, &tookEnv[i].rows[seg])
+				if err != nil {
+					return err
+				}
+				leases = append(leases, ls)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return leases, nil
+}
+
+func keysOf(cs []candidate) []envKey {
+	out := make([]envKey, 0, len(cs))
+	for _, c := range cs {
+		if !slices.Contains(out, c.key) {
+			out = append(out, c.key)
+		}
+	}
+	return out
+}
+
+var errNilLease = fmt.Errorf("queue: nil lease: %w", queue.ErrLeaseLost)
+
+// Commit applies out to the leased row and its effects in one transaction.
+// See queue.Store.
+func (s *Store) Commit(ctx context.Context, lease *queue.Lease, out queue.Outcome) error {
+	if !queue.ValidOutcome(out.State) {
+		return fmt.Errorf("%w: cannot commit %q", queue.ErrInvalidTransition, out.State)
+	}
+	return s.withLease(ctx, "commit", lease, func(rows []queue.Delivery, now time.Time) (*queue.Step, error) {
+		return queue.Commit(s.backoff, rows, lease, out, now)
+	})
+}
+
+// Release gives back a lease whose provider call never started. See
+// queue.Store.
+func (s *Store) Release(ctx context.Context, lease *queue.Lease) error {
+	return s.withLease(ctx, "release", lease, func(rows []queue.Delivery, now time.Time) (*queue.Step, error) {
+		return queue.Release(rows, lease, now)
+	})
+}
+
+func (s *Store) withLease(ctx context.Context, op string, lease *queue.Lease, step func([]queue.Delivery, time.Time) (*queue.Step, error)) error {
+	if lease == nil {
+		if err := s.check(ctx); err != nil {
+			return err
+		}
+		return errNilLease
+	}
+	return s.change(ctx, op, envKey{lease.Key.Tenant, lease.Key.EnvelopeID}, queue.ErrLeaseLost, step)
+}
+
+// change locks one envelope, applies a state machine step to its rows and
+// its effects, and signals Notify when the step says so; missing is the
+// error for an envelope that is not there.
+func (s *Store) change(ctx context.Context, op string, k envKey, missing error, step func([]queue.Delivery, time.Time) (*queue.Step, error)) error {
+	wake := false
+	err := s.inTx(ctx, op, func(tx pgx.Tx) error {
+		l, err := s.lockOne(ctx, tx, k)
+		if err != nil {
+			return err
+		}
+		if l == nil {
+			return missing
+		}
+		now := s.now()
+		st, err := step(l.rows, now)
+		if err != nil {
+			return err
+		}
+		var b rowBatch
+		if err := addStep(&b, l, st); err != nil {
+			return err
+		}
+		if err := s.updateRows(ctx, tx, &b); err != nil {
+			return err
+		}
+		if st.Suppress != "" {
+			e, err := l.envelope()
+			if err != nil {
+				return err
+			}
+			if err := s.suppress(ctx, tx, userKey{k.tenant, l.userID}, queue.SuppressionFor(e, st.Suppress, now), now); err != nil {
+				return err
+			}
+			if a, ok := st.AddressSuppression(e, now); ok {
+				if err := s.suppressAddress(ctx, tx, k.tenant, a); err != nil {
+					return err
+				}
+			}
+		}
+		wake = st.Wake
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if wake {
+		s.wake()
+	}
+	return nil
+}
+
+// Recover leases up to req.Limit rows whose lease expired, for
+// reconciliation, oldest lease end first; rows claimed with ExpireToPending
+// go back to pending instead, whatever the limit. See queue.Store.
+func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
+	req, err := checkClaim(req)
+	if err != nil {
+		return nil, err
+	}
+	var leases []*queue.Lease
+	wake := false
+	err = s.inTx(ctx, "recover", func(tx pgx.Tx) error {
+		leases, wake = leases[:0], false
+		now := s.now()
+		fs := s.fencer(ctx, tx)
+		seen := map[candidate]bool{}
+		// The seam's leases first, all of them; then up to the limit.
+		for pass := 0; pass < 2; pass++ {
+			for {
+				var (
+					cands []candidate
+					err   error
+				)
+				if pass == 0 {
+					cands, err = s.lockCandidates(ctx, tx, laneLeased, now, &req, ` AND d.to_pending`, 0)
+				} else {
+					if len(leases) >= req.Limit {
+						break
+					}
+					cands, err = s.lockCandidates(ctx, tx, laneLeased, now, &req, ` AND NOT d.to_pending`, req.Limit-len(leases))
+				}
+				if err != nil {
+					return err
+				}
+				cands = slices.DeleteFunc(cands, func(c candidate) bool { return seen[c] })
+				if len(cands) == 0 {
+					break
+				}
+				envs, err := s.loadMany(ctx, tx, keysOf(cands))
+				if err != nil {
+					return err
+				}
+				if pass == 1 {
+					if err := fs.reserve(len(cands)); err != nil {
+						return err
+					}
+				}
+				var b rowBatch
+				var took []int
+				var tookEnv []*loaded
+				for _, c := range cands {
+					seen[c] = true
+					l := envs[c.key]
+					if l == nil || c.seg >= len(l.rows) || !queue.LeaseExpired(&l.rows[c.seg], now) {
+						continue
+					}
+					if !l.rows[c.seg].ToPending && len(leases)+len(took) >= req.Limit {
+						continue
+					}
+					st, leased, err := queue.Recover(l.rows, c.seg, req, fs.next, now)
+					if err != nil {
+						return err
+					}
+					if fs.err != nil {
+						return fs.err
+					}
+					if err := addStep(&b, l, st); err != nil {
+						return err
+					}
+					l.rows = st.Rows
+					wake = wake || st.Wake
+					if leased {
+						took = append(took, c.seg)
+						tookEnv = append(tookEnv, l)
+					}
+				}
+				if err := s.updateRows(ctx, tx, &b); err != nil {
+					return err
+				}
+				for i, seg := range took {
+					ls, err := s.lease(tookEnv[i], seg, &tookEnv[i].rows[seg])
+					if err != nil {
+						return err
+					}
+					leases = append(leases, ls)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if wake {
+		s.wake()
+	}
+	return leases, nil
+}
+
+// NextDue returns the earliest due time of a row waiting to be claimed or
+// lease end of a sending row; the zero time when there is none.
+func (s *Store) NextDue(ctx context.Context) (time.Time, error) {
+	if err := s.check(ctx); err != nil {
+		return time.Time{}, err
+	}
+	var n *int64
+	err := s.pool.QueryRow(ctx, s.sql(`SELECT least(
+		(SELECT min(wake_ns) FROM {s}.deliveries WHERE lane = 1),
+		(SELECT min(wake_ns) FROM {s}.deliveries WHERE lane = 2))`)).Scan(&n)
+	if err != nil {
+		return time.Time{}, safeErr("next due", err)
+	}
+	return timeOf(n), nil
+}

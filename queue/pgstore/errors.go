@@ -1,0 +1,94 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxhq/outbox/queue"
+)
+
+// A DSN may hold a password, and pgx's connect and parse errors repeat
+// parts of it (user, database, host, the string itself): safeErr keeps
+// those out of every error the store returns, and so out of every log line.
+
+// ErrBadURL is returned by Open for a database URL that does not parse
+// (the URL is not repeated: it may hold a password).
+var ErrBadURL = errors.New("pgstore: the database URL does not parse (it is not repeated here: it may hold a password)")
+
+// ConnectError is a failed connection attempt, without the DSN: only the
+// server's answer (an SQLSTATE and its message) or the kind of network
+// failure.
+type ConnectError struct {
+	Op    string
+	Cause error // *pgconn.PgError, a context error, or a network error without its address
+}
+
+func (e *ConnectError) Error() string {
+	return "pgstore: " + e.Op + ": cannot connect to the database: " + e.Cause.Error()
+}
+
+func (e *ConnectError) Unwrap() error { return e.Cause }
+
+// ours reports errors of the contract (or this package) that go back as they are.
+func ours(err error) bool {
+	var ee *queue.EnqueueError
+	if errors.As(err, &ee) {
+		return true
+	}
+	for _, s := range []error{
+		queue.ErrClosed, queue.ErrStaleFence, queue.ErrLeaseLost, queue.ErrInvalidTransition,
+		queue.ErrNotFound, queue.ErrNoUser, queue.ErrCrossTenant, queue.ErrConsentDenied,
+		errBadCursor, ErrSchemaNewer, ErrNotMigrated, ErrBadURL,
+	} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	var ce *ConnectError
+	return errors.As(err, &ce)
+}
+
+// safeErr names the operation and drops whatever of the DSN an error of
+// pgx carries.
+func safeErr(op string, err error) error {
+	if err == nil || ours(err) {
+		return err
+	}
+	var pce *pgconn.ParseConfigError
+	if errors.As(err, &pce) {
+		return ErrBadURL
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return &ConnectError{Op: op, Cause: connectCause(ce)}
+	}
+	return fmt.Errorf("pgstore: %s: %w", op, err)
+}
+
+func connectCause(ce *pgconn.ConnectError) error {
+	var pe *pgconn.PgError
+	if errors.As(ce, &pe) {
+		return pe
+	}
+	for _, c := range []error{context.Canceled, context.DeadlineExceeded} {
+		if errors.Is(ce, c) {
+			return c
+		}
+	}
+	var dnsErr *net.DNSError
+	if errors.As(ce, &dnsErr) {
+		return errors.New("the host name does not resolve")
+	}
+	var oe *net.OpError
+	if errors.As(ce, &oe) && oe.Err != nil {
+		return oe.Err // e.g. "connect: connection refused", without the address
+	}
+	if pgconn.Timeout(ce) {
+		return context.DeadlineExceeded
+	}
+	return errors.New("the server did not accept the connection")
+}

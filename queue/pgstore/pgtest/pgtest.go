@@ -1,0 +1,237 @@
+// Package pgtest gives tests a real PostgreSQL server: the one
+// OUTBOX_TEST_DATABASE_URL names, or else a throwaway server it starts from
+// the machine's binaries (initdb in a temporary directory, a unix socket
+// there, no TCP port; as root, run as the postgres user), stopped when the
+// tests end. One server per test binary (Main in TestMain), one fresh
+// schema per store (Schema).
+//
+// Without the binaries the tests fail (they never skip): .ci/run installs
+// the postgresql package when initdb is missing.
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// EnvURL names a server to use instead of a throwaway one.
+const EnvURL = "OUTBOX_TEST_DATABASE_URL"
+
+// PasswordUser is a role of the throwaway server that logs in over the
+// socket with a password only (Password), for tests of failed logins.
+const (
+	PasswordUser = "outbox_pw"
+	Password     = "pw-canary-3f9a1c"
+)
+
+var (
+	dsn     string
+	admin   *pgxpool.Pool
+	private bool // the server is ours
+	counter atomic.Int64
+)
+
+// Main starts (or finds) the server, runs the tests, stops the server and
+// returns m.Run's code (1 when the server cannot be had). after, if not
+// nil, runs once the tests are done and the server's pool is closed (a
+// leak check): a non-nil error fails the run.
+func Main(m *testing.M, after func() error) int {
+	stop, err := start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgtest:", err)
+		return 1
+	}
+	code := m.Run()
+	stop()
+	if after != nil && code == 0 {
+		if err := after(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	return code
+}
+
+// DSN returns the server's connection string (a superuser's).
+func DSN() string { return dsn }
+
+// Private reports whether the server is the throwaway one (PasswordUser exists).
+func Private() bool { return private }
+
+// Admin returns a pool on the server for the tests' own queries.
+func Admin() *pgxpool.Pool { return admin }
+
+// Schema returns the name of a schema no other test uses, dropped with
+// everything in it when t ends.
+func Schema(t testing.TB) string {
+	t.Helper()
+	name := fmt.Sprintf("t%d_%d", os.Getpid(), counter.Add(1))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err != nil {
+			t.Errorf("pgtest: drop schema: %v", err)
+		}
+	})
+	return name
+}
+
+func start() (func(), error) {
+	if u := os.Getenv(EnvURL); u != "" {
+		dsn = u
+		if err := connectAdmin(); err != nil {
+			return nil, fmt.Errorf("%s is set but the server does not answer: %v", EnvURL, errors.Unwrap(err))
+		}
+		return func() { admin.Close() }, nil
+	}
+	bin, err := binDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "outbox-pg-")
+	if err != nil {
+		return nil, err
+	}
+	data := filepath.Join(dir, "data")
+	asPG, err := owner(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	run := func(name string, args ...string) error {
+		cmd := exec.Command(filepath.Join(bin, name), args...)
+		if asPG {
+			cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--", filepath.Join(bin, name)}, args...)...)
+		}
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %v\n%s", name, err, out)
+		}
+		return nil
+	}
+	cleanup := func() { os.RemoveAll(dir) }
+	if err := run("initdb", "-D", data, "-U", "outbox", "--auth=trust", "-E", "UTF8", "--locale=C", "-N"); err != nil {
+		cleanup()
+		return nil, err
+	}
+	hba := "local all " + PasswordUser + " scram-sha-256\nlocal all all trust\n"
+	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		cleanup()
+		return nil, err
+	}
+	if asPG {
+		if err := chownAll(data); err != nil {
+			cleanup()
+			return nil, err
+		}
+	}
+	// fsync off: a test server that loses its data in a machine crash loses nothing of value.
+	opts := "-k " + dir + " -c listen_addresses= -p 5432 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+	if err := run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "-o", opts, "start"); err != nil {
+		cleanup()
+		return nil, err
+	}
+	stopServer := func() {
+		_ = run("pg_ctl", "-D", data, "-m", "fast", "-w", "-t", "60", "stop")
+		cleanup()
+	}
+	dsn = "host=" + dir + " port=5432 user=outbox dbname=postgres sslmode=disable"
+	if err := connectAdmin(); err != nil {
+		stopServer()
+		return nil, err
+	}
+	private = true
+	if _, err := admin.Exec(context.Background(), `CREATE ROLE `+PasswordUser+` LOGIN PASSWORD '`+Password+`'`); err != nil {
+		admin.Close()
+		stopServer()
+		return nil, err
+	}
+	return func() { admin.Close(); stopServer() }, nil
+}
+
+func connectAdmin() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	if err := p.Ping(ctx); err != nil {
+		p.Close()
+		return fmt.Errorf("connect: %w", err)
+	}
+	admin = p
+	return nil
+}
+
+// binDir finds the directory of initdb and pg_ctl: pg_config --bindir,
+// the newest /usr/lib/postgresql/*/bin, or the PATH.
+func binDir() (string, error) {
+	has := func(d string) bool {
+		_, err := os.Stat(filepath.Join(d, "initdb"))
+		return err == nil
+	}
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		if d := strings.TrimSpace(string(out)); has(d) {
+			return d, nil
+		}
+	}
+	ds, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(ds, func(i, j int) bool { return version(ds[i]) > version(ds[j]) })
+	for _, d := range ds {
+		if has(d) {
+			return d, nil
+		}
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p), nil
+	}
+	return "", errors.New("no PostgreSQL server binaries (initdb, pg_ctl) on this machine: the PostgreSQL tests need them " +
+		"(.ci/run installs the postgresql package when initdb is missing: apt-get install -y postgresql), or set " + EnvURL)
+}
+
+func version(d string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(d)))
+	return n
+}
+
+// owner makes dir the postgres user's when we run as root (the server
+// refuses to run as root) and reports whether commands must run as it.
+func owner(dir string) (bool, error) {
+	if os.Geteuid() != 0 {
+		return false, nil
+	}
+	if _, err := user.Lookup("postgres"); err != nil {
+		return false, errors.New("running as root, but there is no postgres user to run the server as (the postgresql package creates it)")
+	}
+	return true, chownAll(dir)
+}
+
+func chownAll(dir string) error {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return err
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, gid)
+	})
+}

@@ -1,0 +1,301 @@
+// Package pgstore is the PostgreSQL implementation of queue.Store: the same
+// contract as the file store, on a database that several outbox processes
+// share.
+//
+// Every row change is computed by the state machine in package queue: a
+// method locks the envelope it changes (SELECT … FOR UPDATE, or FOR UPDATE
+// SKIP LOCKED for claims and recoveries), reads its rows again in a new
+// statement, so with a snapshot taken after the lock, calls the machine and
+// writes back the rows the step changed, each UPDATE guarded by the state
+// and fence it read (a row that changed anyway fails the transaction instead
+// of being overwritten). Enqueue batches are one transaction; idempotency is
+// the primary key (tenant, id); fences come from a sequence.
+//
+// The store keeps its tables in a schema of its own (Options.Schema, default
+// "outbox"), created and upgraded by the embedded migrations (Migrate).
+// Wake-ups across processes are a hint: a throttled NOTIFY after a change
+// that makes a row claimable, a LISTEN connection that reconnects, and the
+// worker's own polling; the claim itself is always authoritative.
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxhq/outbox/queue"
+)
+
+// Default option values.
+const (
+	DefaultNotifyInterval = 2 * time.Millisecond
+	listenRetryMin        = 50 * time.Millisecond
+	listenRetryMax        = 5 * time.Second
+)
+
+// Options configures the PostgreSQL store: the options every store takes
+// (queue.Options) and its own. A nil *Options means all defaults.
+type Options struct {
+	queue.Options
+
+	// Schema is the schema the store's tables live in (default "outbox"):
+	// lower-case letters, digits and _.
+	Schema string
+	// NoMigrate makes Open refuse a schema that is not at this version
+	// (ErrNotMigrated) instead of migrating it.
+	NoMigrate bool
+	// NotifyInterval is the shortest time between two NOTIFYs this store
+	// sends (default 2ms); changes in between are announced once, after it.
+	NotifyInterval time.Duration
+}
+
+// Store is a queue.Store on PostgreSQL. Open one with Open or OpenPool.
+type Store struct {
+	pool      *pgxpool.Pool
+	ownPool   bool
+	schema    string // the schema's name
+	prefix    string // its quoted name and a dot, for table names
+	channel   string // the LISTEN/NOTIFY channel
+	now       func() time.Time
+	backoff   queue.Backoff
+	retention time.Duration
+	source    queue.ConsentSource
+	log       *slog.Logger
+	interval  time.Duration
+
+	notify chan struct{} // Notify's channel
+	hint   chan struct{} // to the notifier: send a NOTIFY
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	stop      context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+var _ queue.Store = (*Store)(nil)
+
+// Open connects to the database at dsn (a PostgreSQL URL or key=value
+// string; pgxpool settings such as pool_max_conns apply), migrates the
+// schema unless opts.NoMigrate, and returns the store, which owns the pool
+// and closes it on Close. Errors never repeat the DSN.
+func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, ErrBadURL
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, safeErr("open", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, safeErr("open", err)
+	}
+	s, err := open(ctx, pool, true, opts)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// OpenPool is Open on a pool the caller owns: Close leaves it open. The
+// store also opens one connection of its own (from the pool's
+// configuration) for LISTEN.
+func OpenPool(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("pgstore: nil pool")
+	}
+	return open(ctx, pool, false, opts)
+}
+
+func open(ctx context.Context, pool *pgxpool.Pool, own bool, opts *Options) (*Store, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	q := o.Options.WithDefaults()
+	schema, err := checkSchema(o.Schema)
+	if err != nil {
+		return nil, err
+	}
+	if o.NoMigrate {
+		err = checkVersion(ctx, pool, schema)
+	} else {
+		_, err = Migrate(ctx, pool, schema)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if o.NotifyInterval <= 0 {
+		o.NotifyInterval = DefaultNotifyInterval
+	}
+	s := &Store{
+		pool:      pool,
+		ownPool:   own,
+		schema:    schema,
+		prefix:    pgx.Identifier{schema}.Sanitize() + ".",
+		channel:   "outbox_wake_" + schema,
+		now:       q.Now,
+		backoff:   q.Backoff,
+		retention: q.Retention,
+		source:    q.Consent,
+		log:       q.Logger,
+		interval:  o.NotifyInterval,
+		notify:    make(chan struct{}, 1),
+		hint:      make(chan struct{}, 1),
+	}
+	bg, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	s.wg.Add(2)
+	go s.listen(bg)
+	go s.notifier(bg)
+	return s, nil
+}
+
+// Pool returns the store's connection pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Schema returns the schema the store's tables are in.
+func (s *Store) Schema() string { return s.schema }
+
+// sql returns query with every "{s}." replaced by the store's schema.
+func (s *Store) sql(query string) string { return strings.ReplaceAll(query, "{s}.", s.prefix) }
+
+// check reports ErrClosed and the context's error before any work.
+func (s *Store) check(ctx context.Context) error {
+	if s.closed.Load() {
+		return queue.ErrClosed
+	}
+	return ctx.Err()
+}
+
+// inTx runs fn in a transaction (READ COMMITTED) and names op in its error.
+func (s *Store) inTx(ctx context.Context, op string, fn func(pgx.Tx) error) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	return safeErr(op, pgx.BeginFunc(ctx, s.pool, fn))
+}
+
+// Notify returns a channel (buffer 1, coalesced) that receives a value
+// whenever rows may have become claimable: a change by this store, a
+// NOTIFY from another process on the same schema, or a reconnect of the
+// LISTEN connection (whatever was announced while it was down).
+func (s *Store) Notify() <-chan struct{} { return s.notify }
+
+// wake signals Notify and asks the notifier to tell the other processes.
+func (s *Store) wake() {
+	s.local()
+	select {
+	case s.hint <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Store) local() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// notifier sends a NOTIFY for the hints it gets, at most one per interval:
+// a hint during the wait is announced after it, never dropped.
+func (s *Store) notifier(ctx context.Context) {
+	defer s.wg.Done()
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.hint:
+		}
+		if d := s.interval - time.Since(last); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		select { // hints of the wait go with this NOTIFY
+		case <-s.hint:
+		default:
+		}
+		last = time.Now()
+		if _, err := s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, s.channel); err != nil && ctx.Err() == nil {
+			s.log.LogAttrs(ctx, slog.LevelDebug, "notify failed", slog.String("operation", "notify"), slog.String("error", safeErr("notify", err).Error()))
+		}
+	}
+}
+
+// listen keeps a connection that LISTENs on the store's channel and turns
+// each notification into a Notify signal; on a lost connection it signals
+// once (the worker looks) and reconnects with a growing pause.
+func (s *Store) listen(ctx context.Context) {
+	defer s.wg.Done()
+	pause := listenRetryMin
+	for ctx.Err() == nil {
+		err := s.listenOnce(ctx, func() { pause = listenRetryMin })
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.LogAttrs(ctx, slog.LevelWarn, "listen connection lost, reconnecting", slog.String("operation", "listen"),
+			slog.String("error", safeErr("listen", err).Error()), slog.Duration("retry_in", pause))
+		s.local()
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		pause = min(2*pause, listenRetryMax)
+	}
+}
+
+func (s *Store) listenOnce(ctx context.Context, connected func()) error {
+	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return err
+	}
+	defer func() {
+		c, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(c)
+	}()
+	if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{s.channel}.Sanitize()); err != nil {
+		return err
+	}
+	connected()
+	s.local() // whatever was announced before
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		s.local()
+	}
+}
+
+// Close stops the store's goroutines and, when Open made the pool, closes
+// it; every later call returns queue.ErrClosed. Closing again returns nil.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.stop()
+		s.wg.Wait()
+		if s.ownPool {
+			s.pool.Close()
+		}
+	})
+	return nil
+}
