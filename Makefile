@@ -80,8 +80,12 @@ index-faults: ## the index fault tests with more rounds (ROUNDS=30): killed rebu
 	OUTBOX_INDEX_FAULT_ROUNDS=$${ROUNDS:-30} $(GO) test -count=1 -timeout 30m -run '^TestFault_|^TestOpen_CorruptIndexNeverCrashes$$' -v ./cmd/outbox/ ./queue/filestore/
 
 .PHONY: diff
-diff: ## long differential run: every store against the reference model (SEEDS=2000, STEPS=120)
-	OUTBOX_DIFF_SEEDS=$${SEEDS:-2000} OUTBOX_DIFF_STEPS=$${STEPS:-120} OUTBOX_DIFF_REPORTS=$${REPORTS:-20} $(GO) test -count=1 -timeout 60m -run '^TestDifferential$$' -v ./queue/queuetest/
+diff: ## long differential run: every store against the reference model (SEEDS=2000, STEPS=120; PostgreSQL too)
+	OUTBOX_DIFF_SEEDS=$${SEEDS:-2000} OUTBOX_DIFF_STEPS=$${STEPS:-120} OUTBOX_DIFF_REPORTS=$${REPORTS:-20} $(GO) test -count=1 -timeout 60m -run '^TestDifferential$$' -v ./queue/queuetest/ ./queue/pgstore/
+
+.PHONY: pg-contention
+pg-contention: ## the PostgreSQL store's contention test, enqueueing for PGTIME (20s): 8 claimers on two pools and a reconciler
+	OUTBOX_PG_CONTENTION=$${PGTIME:-20s} $(GO) test -count=1 -timeout 30m -run '^TestContention$$' -v ./queue/pgstore/
 
 .PHONY: soak
 soak: ## a steady-rate soak with failing and hanging providers (SOAK=3m), then checks resources and losses
