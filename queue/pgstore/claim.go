@@ -178,15 +178,13 @@ func (s *Store) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 			if err := fs.reserve(len(cands)); err != nil {
 				return err
 			}
-			var b rowBatch
-			var took []int // per lease: the segment, to build it after the write
-			var tookEnv []*loaded
+			var r round
 			for _, c := range cands {
 				l := envs[c.key]
 				if l == nil || c.seg >= len(l.rows) || !l.rows[c.seg].Eligible(now) {
 					continue // changed since the candidates' snapshot: no longer due
 				}
-				if len(took) == req.Limit-len(leases) {
+				if len(r.took) == req.Limit-len(leases) {
 					break
 				}
 				e, err := l.envelope()
@@ -202,33 +200,61 @@ func (s *Store) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 				if err != nil {
 					return err
 				}
-				if fs.err != nil {
-					return fs.err
-				}
-				if err := addStep(&b, l, st); err != nil {
+				if err := r.add(l, c.seg, st, v.State == envelope.StateSending, fs.err); err != nil {
 					return err
 				}
-				l.rows = st.Rows
-				if v.State == envelope.StateSending {
-					took = append(took, c.seg)
-					tookEnv = append(tookEnv, l)
-				}
 			}
-			if err := s.updateRows(ctx, tx, &b); err != nil {
+			if leases, err = s.write(ctx, tx, &r, leases); err != nil {
 				return err
-			}
-			for i, seg := range took {
-				ls, err := s.lease(tookEnv[i], seg, &tookEnv[i].rows[seg])
-				if err != nil {
-					return err
-				}
-				leases = append(leases, ls)
 			}
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	return leases, nil
+}
+
+// round collects the row changes of one pass of a claim or recovery and
+// the rows it leased.
+type round struct {
+	b    rowBatch
+	took []taken
+}
+
+type taken struct {
+	l   *loaded
+	seg int
+}
+
+// add takes a step of the state machine on l (fenceErr: the fence
+// function's error, if it failed).
+func (r *round) add(l *loaded, seg int, st *queue.Step, leased bool, fenceErr error) error {
+	if fenceErr != nil {
+		return fenceErr
+	}
+	if err := addStep(&r.b, l, st); err != nil {
+		return err
+	}
+	l.rows = st.Rows
+	if leased {
+		r.took = append(r.took, taken{l, seg})
+	}
+	return nil
+}
+
+// write persists a round and appends its leases to leases.
+func (s *Store) write(ctx context.Context, tx pgx.Tx, r *round, leases []*queue.Lease) ([]*queue.Lease, error) {
+	if err := s.updateRows(ctx, tx, &r.b); err != nil {
+		return nil, err
+	}
+	for _, t := range r.took {
+		ls, err := s.lease(t.l, t.seg, &t.l.rows[t.seg])
+		if err != nil {
+			return nil, err
+		}
+		leases = append(leases, ls)
 	}
 	return leases, nil
 }
@@ -371,44 +397,27 @@ func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 						return err
 					}
 				}
-				var b rowBatch
-				var took []int
-				var tookEnv []*loaded
+				var r round
 				for _, c := range cands {
 					seen[c] = true
 					l := envs[c.key]
 					if l == nil || c.seg >= len(l.rows) || !queue.LeaseExpired(&l.rows[c.seg], now) {
 						continue
 					}
-					if !l.rows[c.seg].ToPending && len(leases)+len(took) >= req.Limit {
+					if !l.rows[c.seg].ToPending && len(leases)+len(r.took) >= req.Limit {
 						continue
 					}
 					st, leased, err := queue.Recover(l.rows, c.seg, req, fs.next, now)
 					if err != nil {
 						return err
 					}
-					if fs.err != nil {
-						return fs.err
-					}
-					if err := addStep(&b, l, st); err != nil {
+					if err := r.add(l, c.seg, st, leased, fs.err); err != nil {
 						return err
 					}
-					l.rows = st.Rows
 					wake = wake || st.Wake
-					if leased {
-						took = append(took, c.seg)
-						tookEnv = append(tookEnv, l)
-					}
 				}
-				if err := s.updateRows(ctx, tx, &b); err != nil {
+				if leases, err = s.write(ctx, tx, &r, leases); err != nil {
 					return err
-				}
-				for i, seg := range took {
-					ls, err := s.lease(tookEnv[i], seg, &tookEnv[i].rows[seg])
-					if err != nil {
-						return err
-					}
-					leases = append(leases, ls)
 				}
 			}
 		}
