@@ -19,7 +19,7 @@ func TestDifferential(t *testing.T) {
 			}},
 			{Name: "postgres", Harness: harness()},
 		},
-		Seeds: 24,
+		Seeds: 16,
 		Steps: 60,
 	})
 }
