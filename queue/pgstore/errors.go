@@ -33,6 +33,19 @@ func (e *ConnectError) Error() string {
 
 func (e *ConnectError) Unwrap() error { return e.Cause }
 
+// NetError is an operation whose connection failed (reset, closed, timed
+// out), without the address pgx's error names.
+type NetError struct {
+	Op    string
+	Cause error // the system call's error, e.g. "read: connection reset by peer"
+}
+
+func (e *NetError) Error() string {
+	return "pgstore: " + e.Op + ": the connection to the database failed: " + e.Cause.Error()
+}
+
+func (e *NetError) Unwrap() error { return e.Cause }
+
 // ours reports errors of the contract (or this package) that go back as they are.
 func ours(err error) bool {
 	var ee *queue.EnqueueError
@@ -49,7 +62,8 @@ func ours(err error) bool {
 		}
 	}
 	var ce *ConnectError
-	return errors.As(err, &ce)
+	var ne *NetError
+	return errors.As(err, &ce) || errors.As(err, &ne)
 }
 
 // safeErr names the operation and drops whatever of the DSN an error of
@@ -65,6 +79,10 @@ func safeErr(op string, err error) error {
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) {
 		return &ConnectError{Op: op, Cause: connectCause(ce)}
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		return &NetError{Op: op, Cause: oe.Err}
 	}
 	return fmt.Errorf("pgstore: %s: %w", op, err)
 }

@@ -43,6 +43,7 @@ var (
 	admin   *pgxpool.Pool
 	private bool // the server is ours
 	counter atomic.Int64
+	restart func() error // the throwaway server's
 )
 
 // Main starts (or finds) the server, runs the tests, stops the server and
@@ -74,6 +75,19 @@ func Private() bool { return private }
 
 // Admin returns a pool on the server for the tests' own queries.
 func Admin() *pgxpool.Pool { return admin }
+
+// Restart cuts every connection to the server: the throwaway server is
+// stopped at once (as in a crash: no shutdown checkpoint) and started
+// again; on a server named by OUTBOX_TEST_DATABASE_URL, every other
+// backend is terminated instead. The admin pool reconnects by itself.
+func Restart() error {
+	if restart != nil {
+		return restart()
+	}
+	_, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE pid <> pg_backend_pid() AND datname = current_database()`)
+	return err
+}
 
 // Schema returns the name of a schema no other test uses, dropped with
 // everything in it when t ends.
@@ -139,11 +153,20 @@ func start() (func(), error) {
 			return nil, err
 		}
 	}
-	// fsync off: a test server that loses its data in a machine crash loses nothing of value.
-	opts := "-k " + dir + " -c listen_addresses= -p 5432 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+	// fsync off: only a crash of the machine loses what the server wrote,
+	// and a test server's data is worth nothing then. synchronous_commit
+	// stays on: a commit is acknowledged once its WAL is written, so that
+	// Restart (a crash of the server) keeps every acknowledged commit.
+	opts := "-k " + dir + " -c listen_addresses= -p 5432 -c fsync=off -c full_page_writes=off -c max_connections=300"
 	if err := run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "-o", opts, "start"); err != nil {
 		cleanup()
 		return nil, err
+	}
+	restart = func() error {
+		if err := run("pg_ctl", "-D", data, "-m", "immediate", "-w", "-t", "60", "stop"); err != nil {
+			return err
+		}
+		return run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "-o", opts, "start")
 	}
 	stopServer := func() {
 		_ = run("pg_ctl", "-D", data, "-m", "fast", "-w", "-t", "60", "stop")
