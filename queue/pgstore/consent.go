@@ -39,8 +39,17 @@ func (s *Store) newConsents() *consents { return &consents{s: s, m: map[userKey]
 
 // preload reads the store's own records of users (nothing with a source).
 func (cc *consents) preload(ctx context.Context, tx pgx.Tx, users []userKey) error {
-	if cc.s.source != nil || len(users) == 0 {
+	p, ok := cc.part(users)
+	if !ok {
 		return nil
+	}
+	return sendParts(ctx, tx, p)
+}
+
+// part is preload as a part of a batch; false when there is nothing to read.
+func (cc *consents) part(users []userKey) (batchPart, bool) {
+	if cc.s.source != nil || len(users) == 0 {
+		return batchPart{}, false
 	}
 	ts, us := make([]string, 0, len(users)), make([]string, 0, len(users))
 	for _, k := range users {
@@ -50,23 +59,30 @@ func (cc *consents) preload(ctx context.Context, tx pgx.Tx, users []userKey) err
 		}
 	}
 	if len(ts) == 0 {
-		return nil
+		return batchPart{}, false
 	}
-	rows, err := tx.Query(ctx, cc.s.sql(`SELECT tenant, user_id, `+consentCols+` FROM {s}.consents
-		WHERE (tenant, user_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`), ts, us)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var k userKey
-		c, err := scanConsent(rows, &k.tenant, &k.user)
-		if err != nil {
-			return err
-		}
-		cc.m[k] = consentEntry{c, true}
-	}
-	return rows.Err()
+	return batchPart{
+		queue: func(b *pgx.Batch) {
+			b.Queue(cc.s.sql(`SELECT tenant, user_id, `+consentCols+` FROM {s}.consents
+				WHERE (tenant, user_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`), ts, us)
+		},
+		read: func(br pgx.BatchResults) error {
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var k userKey
+				c, err := scanConsent(rows, &k.tenant, &k.user)
+				if err != nil {
+					return err
+				}
+				cc.m[k] = consentEntry{c, true}
+			}
+			return rows.Err()
+		},
+	}, true
 }
 
 func (cc *consents) get(ctx context.Context, tx pgx.Tx, tenant, user string) (queue.Consent, bool, error) {

@@ -181,17 +181,6 @@ const unnestRows = `unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::
 const rowColumns = `tenant, env_id, seg, env_seq, channel, state, attempts, budget, class, receipt, due_ns, owner, fence,
 	lease_end_ns, from_state, to_pending, updated_ns, history, lane, wake_ns, terminal`
 
-// insert stores new rows.
-func (s *Store) insertRows(ctx context.Context, tx pgx.Tx, b *rowBatch) error {
-	if b.len() == 0 {
-		return nil
-	}
-	_, err := tx.Exec(ctx, s.sql(`INSERT INTO {s}.deliveries (`+rowColumns+`)
-		SELECT t, i, sg, sq, ch, st, at, bu, cl, rc, du, ow, fe, le, fr, tp, up, hi::jsonb, ln, wk, te
-		FROM `+unnestRows+`) AS u(t, i, sg, sq, ch, st, at, bu, cl, rc, du, ow, fe, le, fr, tp, up, hi, ln, wk, te)`), b.args()...)
-	return err
-}
-
 // errChanged means a row changed although its envelope was locked: a
 // writer that does not lock the envelope, which would be a defect.
 var errChanged = errors.New("pgstore: a row changed under its envelope's lock")
@@ -301,8 +290,32 @@ func checkRows(l *loaded) error {
 	return nil
 }
 
-// loadMany reads envelopes and their rows (the caller locked them).
-func (s *Store) loadMany(ctx context.Context, tx pgx.Tx, keys []envKey) (map[envKey]*loaded, error) {
+// batchPart is a query sent in the same round trip as another's, read
+// after it.
+type batchPart struct {
+	queue func(*pgx.Batch)
+	read  func(pgx.BatchResults) error
+}
+
+// sendParts sends parts in one round trip and reads them in order.
+func sendParts(ctx context.Context, tx pgx.Tx, parts ...batchPart) error {
+	var b pgx.Batch
+	for _, p := range parts {
+		p.queue(&b)
+	}
+	br := tx.SendBatch(ctx, &b)
+	for _, p := range parts {
+		if err := p.read(br); err != nil {
+			br.Close()
+			return err
+		}
+	}
+	return br.Close()
+}
+
+// loadMany reads envelopes and their rows (the caller locked them), and
+// the parts in the same round trip.
+func (s *Store) loadMany(ctx context.Context, tx pgx.Tx, keys []envKey, parts ...batchPart) (map[envKey]*loaded, error) {
 	ts, ids := make([]string, len(keys)), make([]string, len(keys))
 	for i, k := range keys {
 		ts[i], ids[i] = k.tenant, k.id
@@ -312,6 +325,9 @@ func (s *Store) loadMany(ctx context.Context, tx pgx.Tx, keys []envKey) (map[env
 		WHERE (e.tenant, e.id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`), ts, ids)
 	b.Queue(s.sql(`SELECT tenant, env_id, `+deliveryCols+` FROM {s}.deliveries
 		WHERE (tenant, env_id) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY tenant, env_id, seg`), ts, ids)
+	for _, p := range parts {
+		p.queue(&b)
+	}
 	br := tx.SendBatch(ctx, &b)
 	defer br.Close()
 	out := make(map[envKey]*loaded, len(keys))
@@ -355,6 +371,11 @@ func (s *Store) loadMany(ctx context.Context, tx pgx.Tx, keys []envKey) (map[env
 	}
 	for _, l := range out {
 		if err := checkRows(l); err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range parts {
+		if err := p.read(br); err != nil {
 			return nil, err
 		}
 	}
