@@ -390,9 +390,9 @@ func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 		return nil, err
 	}
 	var leases []*queue.Lease
-	wake := false
+	wake, expired := false, 0
 	err = s.inTx(ctx, "recover", func(tx pgx.Tx) error {
-		leases, wake = leases[:0], false
+		leases, wake, expired = leases[:0], false, 0
 		now := s.now()
 		fs := s.fencer(ctx, tx)
 		seen := map[candidate]bool{}
@@ -444,6 +444,9 @@ func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 						return err
 					}
 					wake = wake || st.Wake
+					if !leased {
+						expired++
+					}
 				}
 				if leases, err = s.write(ctx, tx, &r, leases); err != nil {
 					return err
@@ -454,6 +457,9 @@ func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 	})
 	if err != nil {
 		return nil, err
+	}
+	if expired > 0 {
+		s.metrics.seamExpired.Add(float64(expired))
 	}
 	if wake {
 		s.wake()

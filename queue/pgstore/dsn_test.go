@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/pgstore"
@@ -88,8 +90,10 @@ func TestListen_ReconnectsAndWakes(t *testing.T) {
 	if !strings.Contains(dsn, "://") {
 		dsn += " password=" + canary // the test server trusts its superuser: a password it ignores
 	}
+	reg := prometheus.NewRegistry()
 	a, err := pgstore.Open(ctx, dsn, &pgstore.Options{Schema: schema, Options: queue.Options{
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:     slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Registerer: reg,
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -125,6 +129,9 @@ func TestListen_ReconnectsAndWakes(t *testing.T) {
 	}
 	waitFor("the loss logged", func() bool { return strings.Contains(logs.String(), "listen connection lost") })
 	waitFor("the listeners back", func() bool { return listeners() == 2 })
+	if n, err := gathered(reg, "outbox_pg_listen_reconnects_total"); err != nil || n < 1 {
+		t.Errorf("outbox_pg_listen_reconnects_total = %v, %v; want at least 1", n, err)
+	}
 
 	// A's Notify hears B's enqueue.
 	// Two rounds: a signal of the reconnect itself may still come in the

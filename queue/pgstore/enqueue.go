@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
@@ -29,7 +30,18 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 		return err
 	})
 	if err != nil {
+		var ee *queue.EnqueueError
+		if !errors.As(err, &ee) && !errors.Is(err, queue.ErrClosed) {
+			s.metrics.enqueueErrors.Inc()
+		}
 		return nil, err
+	}
+	for i, r := range res {
+		if r.Duplicate {
+			s.metrics.duplicates.Inc()
+		} else {
+			s.metrics.enqueued.WithLabelValues(string(prep[i].Env.Channel)).Inc()
+		}
 	}
 	if created {
 		s.wake()

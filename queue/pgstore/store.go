@@ -69,6 +69,7 @@ type Store struct {
 	source    queue.ConsentSource
 	log       *slog.Logger
 	interval  time.Duration
+	metrics   *storeMetrics
 
 	notify chan struct{} // Notify's channel
 	hint   chan struct{} // to the notifier: send a NOTIFY
@@ -149,6 +150,7 @@ func open(ctx context.Context, pool *pgxpool.Pool, own bool, opts *Options) (*St
 		source:    q.Consent,
 		log:       q.Logger,
 		interval:  o.NotifyInterval,
+		metrics:   newStoreMetrics(q.Registerer),
 		notify:    make(chan struct{}, 1),
 		hint:      make(chan struct{}, 1),
 	}
@@ -251,6 +253,7 @@ func (s *Store) listen(ctx context.Context) {
 		}
 		s.log.LogAttrs(ctx, slog.LevelWarn, "listen connection lost, reconnecting", slog.String("operation", "listen"),
 			slog.String("error", safeErr("listen", err).Error()), slog.Duration("retry_in", pause))
+		s.metrics.listenReconnects.Inc()
 		s.local()
 		t := time.NewTimer(pause)
 		select {
