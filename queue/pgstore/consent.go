@@ -37,16 +37,8 @@ type consents struct {
 
 func (s *Store) newConsents() *consents { return &consents{s: s, m: map[userKey]consentEntry{}} }
 
-// preload reads the store's own records of users (nothing with a source).
-func (cc *consents) preload(ctx context.Context, tx pgx.Tx, users []userKey) error {
-	p, ok := cc.part(users)
-	if !ok {
-		return nil
-	}
-	return sendParts(ctx, tx, p)
-}
-
-// part is preload as a part of a batch; false when there is nothing to read.
+// part reads the store's own records of users (nothing with a source) as
+// part of a batch; false when there is nothing to read.
 func (cc *consents) part(users []userKey) (batchPart, bool) {
 	if cc.s.source != nil || len(users) == 0 {
 		return batchPart{}, false
