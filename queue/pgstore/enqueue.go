@@ -11,9 +11,9 @@ import (
 	"github.com/outboxhq/outbox/queue"
 )
 
-// Enqueue validates every envelope (queue.Prepare), checks current consent
-// and stores the new ones in one transaction: on any error nothing is
-// stored. A (tenant, id) stored already, or by a concurrent call that
+// Enqueue validates every envelope (queue.Prepare), admits the new ones
+// (queue.Admit: expiry and current consent) and stores them in one
+// transaction: on any error nothing is stored. A (tenant, id) stored already, or by a concurrent call that
 // commits first, is a duplicate. See queue.Store.
 func (s *Store) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queue.EnqueueResult, error) {
 	prep, err := queue.Prepare(envs)
@@ -122,8 +122,8 @@ func (s *Store) enqueue(ctx context.Context, tx pgx.Tx, prep []queue.Prepared) (
 		if a, ok := addrs[envKey{e.TenantID, queue.AddressTarget(e)}]; ok {
 			addr = &a
 		}
-		if ok, class := queue.Permits(e, &c, found, addr); !ok {
-			return nil, false, &queue.EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Reason: class, Err: queue.ErrConsentDenied}
+		if err := queue.Admit(i, e, c, found, addr, now); err != nil {
+			return nil, false, err
 		}
 	}
 
