@@ -13,8 +13,9 @@ import (
 
 // Enqueue validates every envelope (queue.Prepare), admits the new ones
 // (queue.Admit: expiry and current consent) and stores them in one
-// transaction: on any error nothing is stored. A (tenant, id) stored already, or by a concurrent call that
-// commits first, is a duplicate. See queue.Store.
+// transaction: on any error nothing is stored. A (tenant, id) stored
+// already, or by a concurrent call that commits first, is a duplicate. See
+// queue.Store.
 func (s *Store) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queue.EnqueueResult, error) {
 	prep, err := queue.Prepare(envs)
 	if err != nil {
