@@ -135,11 +135,16 @@ func ValidEncodingRows(e *Envelope) ([]byte, int, error) {
 	if e == nil {
 		return nil, 0, &ValidationError{Problems: []Problem{{Rule: "missing envelope"}}}
 	}
-	data, err := encodeChecked(e)
+	data, reply, err := encodeChecked(e)
 	if err != nil {
 		return nil, 0, err
 	}
-	return data, Rows(e), nil
+	if reply != nil { // Rows(e), from the text the checks decoded
+		if n := len(SplitReply(*reply)); n > 0 {
+			return data, n, nil
+		}
+	}
+	return data, 1, nil
 }
 
 // Rows returns how many delivery rows an envelope materialises: the number
@@ -196,23 +201,34 @@ func encodingProblems(e *Envelope) []Problem {
 // encodeChecked encodes e with json.Marshal and runs every check on the
 // encoding (checkDoc), together with the checks of Go values that encoding
 // would silently repair (encodingProblems) or refuse (encodingRefusals),
-// each reported at its path.
-func encodeChecked(e *Envelope) ([]byte, error) {
+// each reported at its path. It also returns the text of a reply-text.v1
+// payload, as the checks decoded it.
+func encodeChecked(e *Envelope) ([]byte, *string, error) {
 	pre := encodingProblems(e)
-	// The copy is encoded without the values encoding refuses, so that
-	// every other problem is found too.
 	cp := *e
-	pre = append(pre, encodingRefusals(&cp)...)
 	data, err := json.Marshal(&cp)
-	if err != nil { // unreachable after encodingRefusals; keep it safe
-		return nil, &ValidationError{Problems: sortProblems(append(pre, Problem{Rule: "cannot be encoded as JSON"}))}
+	if err != nil {
+		// Every value encodingRefusals finds fails json.Marshal, and only
+		// those do: the copy is encoded again without them, so that every
+		// other problem is found too.
+		pre = append(pre, encodingRefusals(&cp)...)
+		data, err = json.Marshal(&cp)
 	}
-	_, problems := checkDoc(data, &cp)
+	if err != nil { // unreachable after encodingRefusals; keep it safe
+		return nil, nil, &ValidationError{Problems: sortProblems(append(pre, Problem{Rule: "cannot be encoded as JSON"}))}
+	}
+	var facts docFacts
+	_, problems := checkDoc(data, &cp, &facts)
 	problems = sortProblems(mergeProblems(pre, problems))
 	if len(problems) > 0 {
-		return nil, &ValidationError{Problems: capProblems(problems)}
+		return nil, nil, &ValidationError{Problems: capProblems(problems)}
 	}
-	return data, nil
+	return data, facts.reply, nil
+}
+
+// docFacts is what the checks of a document decoded that a caller uses.
+type docFacts struct {
+	reply *string // the text of a reply-text.v1 payload
 }
 
 // encodingRefusals finds the values of cp that json.Marshal refuses to
@@ -269,12 +285,12 @@ const (
 // check runs every check on one JSON document and returns the decoded
 // envelope (meaningful only when there are no problems) and the problems,
 // deduplicated and sorted.
-func check(data []byte) (*Envelope, []Problem) { return checkDoc(data, nil) }
+func check(data []byte) (*Envelope, []Problem) { return checkDoc(data, nil, nil) }
 
 // checkDoc is check; typed, when not nil, is the envelope data was encoded
 // from (Validate): the document is then known to be well-formed JSON and
 // the envelope need not be decoded again.
-func checkDoc(data []byte, typed *Envelope) (*Envelope, []Problem) {
+func checkDoc(data []byte, typed *Envelope, facts *docFacts) (*Envelope, []Problem) {
 	// The limits first, before anything is decoded (see MaxValues).
 	if p, ok := shapeProblem(data); !ok {
 		if typed != nil && p.Rule == ruleTooLarge {
@@ -316,7 +332,7 @@ func checkDoc(data []byte, typed *Envelope) (*Envelope, []Problem) {
 	if typed != nil {
 		cp := *typed
 		e = &cp
-		goProbs = append(goProbs, goRules(e, top, failed, &decodeProbs)...)
+		goProbs = append(goProbs, goRules(e, top, failed, &decodeProbs, facts)...)
 		return e, sortProblems(mergeProblems(mergeProblems(goProbs, schemaProbs), decodeProbs))
 	}
 	fields := map[string]any{
@@ -348,7 +364,7 @@ func checkDoc(data []byte, typed *Envelope) (*Envelope, []Problem) {
 	}
 
 	// The Go rules.
-	goProbs = append(goProbs, goRules(e, top, failed, &decodeProbs)...)
+	goProbs = append(goProbs, goRules(e, top, failed, &decodeProbs, facts)...)
 
 	// Decode problems matter where the schema accepts a value that the Go
 	// types cannot hold (1.0 for an integer, a leap second); where the
@@ -483,7 +499,7 @@ func typeRule(t reflect.Type) string {
 // is the raw document (for presence); failed names top-level fields that
 // did not decode, whose rules are skipped. A payload that does not decode
 // into its Go type adds to decodeProbs.
-func goRules(e *Envelope, top map[string]json.RawMessage, failed map[string]bool, decodeProbs *[]Problem) []Problem {
+func goRules(e *Envelope, top map[string]json.RawMessage, failed map[string]bool, decodeProbs *[]Problem, facts *docFacts) []Problem {
 	var c problemList
 
 	if !failed["schema_version"] && e.SchemaVersion != SchemaVersion {
@@ -558,7 +574,7 @@ func goRules(e *Envelope, top map[string]json.RawMessage, failed map[string]bool
 	}
 
 	if raw, ok := top["payload"]; ok && templateOK && isJSONObject(raw) {
-		if err := checkPayload(&c, e.Template, raw); err != nil {
+		if err := checkPayload(&c, e.Template, raw, facts); err != nil {
 			*decodeProbs = append(*decodeProbs, decodeProblems("payload", raw, err)...)
 		}
 	}
@@ -695,7 +711,7 @@ func isJSONObject(raw json.RawMessage) bool {
 
 // checkPayload checks the payload of template t. It returns the decode
 // error of a payload that does not fit the Go type, whose rules it skips.
-func checkPayload(c *problemList, t Template, raw json.RawMessage) error {
+func checkPayload(c *problemList, t Template, raw json.RawMessage, facts *docFacts) error {
 	switch t {
 	case TemplateDigest:
 		var p DigestPayload
@@ -731,6 +747,9 @@ func checkPayload(c *problemList, t Template, raw json.RawMessage) error {
 		var p ReplyPayload
 		if err := json.Unmarshal(raw, &p); err != nil {
 			return err
+		}
+		if facts != nil {
+			facts.reply = &p.Text
 		}
 		switch {
 		case strings.TrimSpace(p.Text) == "":

@@ -875,3 +875,34 @@ func BenchmarkParse(b *testing.B) {
 		})
 	}
 }
+
+// ValidEncodingRows counts the segments of a reply from the text its
+// checks decoded: the same count as Rows, one for the other templates.
+func TestValidEncodingRows_Segments(t *testing.T) {
+	for _, tc := range []struct {
+		fixture string
+		text    string
+	}{
+		{"reply-text.v1.golden.json", "short"},
+		{"reply-text.v1.golden.json", strings.Repeat("a sentence of a long reply. ", 600)},
+		{"your-week-digest.v1.golden.json", ""},
+	} {
+		e, err := envelope.Parse(readFixture(t, tc.fixture))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.text != "" {
+			e.Payload, _ = json.Marshal(envelope.ReplyPayload{Text: tc.text})
+		}
+		_, rows, err := envelope.ValidEncodingRows(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := envelope.Rows(e); rows != want {
+			t.Errorf("%s, %d bytes of text: rows = %d, Rows = %d", tc.fixture, len(tc.text), rows, want)
+		}
+		if len(tc.text) > 10000 && rows < 2 {
+			t.Errorf("a %d-byte reply gives %d rows", len(tc.text), rows)
+		}
+	}
+}
