@@ -124,13 +124,8 @@ func schema7(c *schemaCheck, v any, p *jpath) {
 	schema8(c, v, p)
 }
 
-// schema9 checks #/properties/expires_at.
-func schema9(c *schemaCheck, v any, p *jpath) {
-	schema8(c, v, p)
-}
-
-// schema11 checks #/$defs/identifier.
-func schema11(c *schemaCheck, v any, p *jpath) {
+// schema10 checks #/$defs/identifier.
+func schema10(c *schemaCheck, v any, p *jpath) {
 	if !(isString(v)) {
 		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
 		return
@@ -149,26 +144,21 @@ func schema11(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema10 checks #/properties/id.
-func schema10(c *schemaCheck, v any, p *jpath) {
-	schema11(c, v, p)
+// schema9 checks #/properties/id.
+func schema9(c *schemaCheck, v any, p *jpath) {
+	schema10(c, v, p)
 }
 
-// schema12 checks #/properties/not_before.
-func schema12(c *schemaCheck, v any, p *jpath) {
-	schema8(c, v, p)
-}
-
-// schema13 checks #/properties/payload.
-func schema13(c *schemaCheck, v any, p *jpath) {
+// schema11 checks #/properties/payload.
+func schema11(c *schemaCheck, v any, p *jpath) {
 	if !(isObject(v)) {
 		c.add(p, "must be an object (got "+jsonTypeOf(v)+")")
 		return
 	}
 }
 
-// schema16 checks #/$defs/recipient/properties/chat_id.
-func schema16(c *schemaCheck, v any, p *jpath) {
+// schema14 checks #/$defs/recipient/properties/chat_id.
+func schema14(c *schemaCheck, v any, p *jpath) {
 	if !(isString(v)) {
 		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
 		return
@@ -180,8 +170,8 @@ func schema16(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema17 checks #/$defs/recipient/properties/email.
-func schema17(c *schemaCheck, v any, p *jpath) {
+// schema15 checks #/$defs/recipient/properties/email.
+func schema15(c *schemaCheck, v any, p *jpath) {
 	if !(isString(v)) {
 		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
 		return
@@ -198,16 +188,8 @@ func schema17(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema18 checks #/$defs/recipient/properties/email_verified.
+// schema18 checks #/$defs/push_subscription/properties/endpoint.
 func schema18(c *schemaCheck, v any, p *jpath) {
-	if !(isBool(v)) {
-		c.add(p, "must be a boolean (got "+jsonTypeOf(v)+")")
-		return
-	}
-}
-
-// schema21 checks #/$defs/push_subscription/properties/endpoint.
-func schema21(c *schemaCheck, v any, p *jpath) {
 	if !(isString(v)) {
 		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
 		return
@@ -223,16 +205,16 @@ func schema21(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema22 checks #/$defs/push_subscription/properties/expirationTime.
-func schema22(c *schemaCheck, v any, p *jpath) {
+// schema19 checks #/$defs/push_subscription/properties/expirationTime.
+func schema19(c *schemaCheck, v any, p *jpath) {
 	if !(v == nil || isNumber(v)) {
 		c.add(p, "must be null or a number (got "+jsonTypeOf(v)+")")
 		return
 	}
 }
 
-// schema24 checks #/$defs/push_subscription/properties/keys/properties/auth.
-func schema24(c *schemaCheck, v any, p *jpath) {
+// schema21 checks #/$defs/push_subscription/properties/keys/properties/auth.
+func schema21(c *schemaCheck, v any, p *jpath) {
 	if !(isString(v)) {
 		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
 		return
@@ -244,8 +226,8 @@ func schema24(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema25 checks #/$defs/push_subscription/properties/keys/properties/p256dh.
-func schema25(c *schemaCheck, v any, p *jpath) {
+// schema22 checks #/$defs/push_subscription/properties/keys/properties/p256dh.
+func schema22(c *schemaCheck, v any, p *jpath) {
 	if !(isString(v)) {
 		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
 		return
@@ -257,8 +239,8 @@ func schema25(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema23 checks #/$defs/push_subscription/properties/keys.
-func schema23(c *schemaCheck, v any, p *jpath) {
+// schema20 checks #/$defs/push_subscription/properties/keys.
+func schema20(c *schemaCheck, v any, p *jpath) {
 	if !(isObject(v)) {
 		c.add(p, "must be an object (got "+jsonTypeOf(v)+")")
 		return
@@ -271,10 +253,10 @@ func schema23(c *schemaCheck, v any, p *jpath) {
 			c.add(p.key("auth"), "required")
 		}
 		if x, ok := m["auth"]; ok {
-			schema24(c, x, p.key("auth"))
+			schema21(c, x, p.key("auth"))
 		}
 		if x, ok := m["p256dh"]; ok {
-			schema25(c, x, p.key("p256dh"))
+			schema22(c, x, p.key("p256dh"))
 		}
 		for k := range m {
 			switch k {
@@ -286,8 +268,8 @@ func schema23(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema20 checks #/$defs/push_subscription.
-func schema20(c *schemaCheck, v any, p *jpath) {
+// schema17 checks #/$defs/push_subscription.
+func schema17(c *schemaCheck, v any, p *jpath) {
 	if !(isObject(v)) {
 		c.add(p, "must be an object (got "+jsonTypeOf(v)+")")
 		return
@@ -300,13 +282,13 @@ func schema20(c *schemaCheck, v any, p *jpath) {
 			c.add(p.key("keys"), "required")
 		}
 		if x, ok := m["endpoint"]; ok {
-			schema21(c, x, p.key("endpoint"))
+			schema18(c, x, p.key("endpoint"))
 		}
 		if x, ok := m["expirationTime"]; ok {
-			schema22(c, x, p.key("expirationTime"))
+			schema19(c, x, p.key("expirationTime"))
 		}
 		if x, ok := m["keys"]; ok {
-			schema23(c, x, p.key("keys"))
+			schema20(c, x, p.key("keys"))
 		}
 		for k := range m {
 			switch k {
@@ -318,30 +300,13 @@ func schema20(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema19 checks #/$defs/recipient/properties/push_subscription.
-func schema19(c *schemaCheck, v any, p *jpath) {
-	schema20(c, v, p)
+// schema16 checks #/$defs/recipient/properties/push_subscription.
+func schema16(c *schemaCheck, v any, p *jpath) {
+	schema17(c, v, p)
 }
 
-// schema26 checks #/$defs/recipient/properties/response_url.
-func schema26(c *schemaCheck, v any, p *jpath) {
-	if !(isString(v)) {
-		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
-		return
-	}
-	if s, ok := v.(string); ok {
-		n := utf8.RuneCountInString(s)
-		if n > 2048 {
-			c.add(p, "must be at most 2048 characters")
-		}
-		if !schemaRe2.MatchString(s) {
-			c.add(p, "must match the pattern \"^[Hh][Tt][Tt][Pp][Ss]://[^\\\\s/?#@]+([/?#][^\\\\s]*)?$\"")
-		}
-	}
-}
-
-// schema27 checks #/$defs/recipient/properties/robot.
-func schema27(c *schemaCheck, v any, p *jpath) {
+// schema23 checks #/$defs/recipient/properties/robot.
+func schema23(c *schemaCheck, v any, p *jpath) {
 	if !(isString(v)) {
 		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
 		return
@@ -353,8 +318,8 @@ func schema27(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema28 checks #/$defs/recipient/properties/wecom_agent.
-func schema28(c *schemaCheck, v any, p *jpath) {
+// schema24 checks #/$defs/recipient/properties/wecom_agent.
+func schema24(c *schemaCheck, v any, p *jpath) {
 	if !(isString(v)) {
 		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
 		return
@@ -366,8 +331,8 @@ func schema28(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema29 checks #/$defs/recipient/properties/wecom_user.
-func schema29(c *schemaCheck, v any, p *jpath) {
+// schema25 checks #/$defs/recipient/properties/wecom_user.
+func schema25(c *schemaCheck, v any, p *jpath) {
 	if !(isString(v)) {
 		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
 		return
@@ -379,36 +344,36 @@ func schema29(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema15 checks #/$defs/recipient.
-func schema15(c *schemaCheck, v any, p *jpath) {
+// schema13 checks #/$defs/recipient.
+func schema13(c *schemaCheck, v any, p *jpath) {
 	if !(isObject(v)) {
 		c.add(p, "must be an object (got "+jsonTypeOf(v)+")")
 		return
 	}
 	if m, ok := v.(map[string]any); ok {
 		if x, ok := m["chat_id"]; ok {
-			schema16(c, x, p.key("chat_id"))
+			schema14(c, x, p.key("chat_id"))
 		}
 		if x, ok := m["email"]; ok {
-			schema17(c, x, p.key("email"))
+			schema15(c, x, p.key("email"))
 		}
 		if x, ok := m["email_verified"]; ok {
-			schema18(c, x, p.key("email_verified"))
+			schema5(c, x, p.key("email_verified"))
 		}
 		if x, ok := m["push_subscription"]; ok {
-			schema19(c, x, p.key("push_subscription"))
+			schema16(c, x, p.key("push_subscription"))
 		}
 		if x, ok := m["response_url"]; ok {
-			schema26(c, x, p.key("response_url"))
+			schema18(c, x, p.key("response_url"))
 		}
 		if x, ok := m["robot"]; ok {
-			schema27(c, x, p.key("robot"))
+			schema23(c, x, p.key("robot"))
 		}
 		if x, ok := m["wecom_agent"]; ok {
-			schema28(c, x, p.key("wecom_agent"))
+			schema24(c, x, p.key("wecom_agent"))
 		}
 		if x, ok := m["wecom_user"]; ok {
-			schema29(c, x, p.key("wecom_user"))
+			schema25(c, x, p.key("wecom_user"))
 		}
 		for k := range m {
 			switch k {
@@ -420,67 +385,57 @@ func schema15(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema14 checks #/properties/recipient.
-func schema14(c *schemaCheck, v any, p *jpath) {
-	schema15(c, v, p)
+// schema12 checks #/properties/recipient.
+func schema12(c *schemaCheck, v any, p *jpath) {
+	schema13(c, v, p)
 }
 
-// schema30 checks #/properties/schema_version.
-func schema30(c *schemaCheck, v any, p *jpath) {
+// schema26 checks #/properties/schema_version.
+func schema26(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || s != "1" {
 		c.add(p, "must be \"1\"")
 		return
 	}
 }
 
-// schema31 checks #/properties/template.
-func schema31(c *schemaCheck, v any, p *jpath) {
+// schema27 checks #/properties/template.
+func schema27(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || !(s == "your-week-digest.v1" || s == "resurface-nudge.v1" || s == "reply-text.v1") {
 		c.add(p, "must be one of \"your-week-digest.v1\", \"resurface-nudge.v1\", \"reply-text.v1\"")
 		return
 	}
 }
 
-// schema32 checks #/properties/tenant_id.
-func schema32(c *schemaCheck, v any, p *jpath) {
-	schema11(c, v, p)
-}
-
-// schema33 checks #/properties/user_id.
-func schema33(c *schemaCheck, v any, p *jpath) {
-	schema11(c, v, p)
-}
-
-// schema36 checks #/allOf/0/if/properties/template.
-func schema36(c *schemaCheck, v any, p *jpath) {
+// schema30 checks #/allOf/0/if/properties/template.
+func schema30(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || s != "your-week-digest.v1" {
 		c.add(p, "must be \"your-week-digest.v1\"")
 		return
 	}
 }
 
-// schema35 checks #/allOf/0/if.
-func schema35(c *schemaCheck, v any, p *jpath) {
+// schema29 checks #/allOf/0/if.
+func schema29(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["template"]; !ok {
 			c.add(p.key("template"), "required")
 		}
 		if x, ok := m["template"]; ok {
-			schema36(c, x, p.key("template"))
+			schema30(c, x, p.key("template"))
 		}
 	}
 }
 
-// schema38 checks #/allOf/0/then/properties/channel.
-func schema38(c *schemaCheck, v any, p *jpath) {
+// schema32 checks #/allOf/0/then/properties/channel.
+func schema32(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || !(s == "email" || s == "wecom") {
 		c.add(p, "must be one of \"email\", \"wecom\"")
 		return
 	}
 }
 
-// schema48 checks #/$defs/http_url.
-func schema48(c *schemaCheck, v any, p *jpath) {
+// schema42 checks #/$defs/http_url.
+func schema42(c *schemaCheck, v any, p *jpath) {
 	if !(isString(v)) {
 		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
 		return
@@ -496,29 +451,21 @@ func schema48(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema47 checks #/$defs/item/properties/deep_link.
+// schema41 checks #/$defs/item/properties/deep_link.
+func schema41(c *schemaCheck, v any, p *jpath) {
+	schema42(c, v, p)
+}
+
+// schema43 checks #/$defs/item/properties/episode_slug.
+func schema43(c *schemaCheck, v any, p *jpath) {
+	if !(isString(v)) {
+		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
+		return
+	}
+}
+
+// schema47 checks #/$defs/graph_ref/properties/id.
 func schema47(c *schemaCheck, v any, p *jpath) {
-	schema48(c, v, p)
-}
-
-// schema49 checks #/$defs/item/properties/episode_slug.
-func schema49(c *schemaCheck, v any, p *jpath) {
-	if !(isString(v)) {
-		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
-		return
-	}
-}
-
-// schema50 checks #/$defs/item/properties/episode_title.
-func schema50(c *schemaCheck, v any, p *jpath) {
-	if !(isString(v)) {
-		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
-		return
-	}
-}
-
-// schema54 checks #/$defs/graph_ref/properties/id.
-func schema54(c *schemaCheck, v any, p *jpath) {
 	if !(isString(v)) {
 		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
 		return
@@ -530,24 +477,16 @@ func schema54(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema55 checks #/$defs/graph_ref/properties/kind.
-func schema55(c *schemaCheck, v any, p *jpath) {
+// schema48 checks #/$defs/graph_ref/properties/kind.
+func schema48(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || !(s == "person" || s == "topic") {
 		c.add(p, "must be one of \"person\", \"topic\"")
 		return
 	}
 }
 
-// schema56 checks #/$defs/graph_ref/properties/label.
-func schema56(c *schemaCheck, v any, p *jpath) {
-	if !(isString(v)) {
-		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
-		return
-	}
-}
-
-// schema53 checks #/$defs/graph_ref.
-func schema53(c *schemaCheck, v any, p *jpath) {
+// schema46 checks #/$defs/graph_ref.
+func schema46(c *schemaCheck, v any, p *jpath) {
 	if !(isObject(v)) {
 		c.add(p, "must be an object (got "+jsonTypeOf(v)+")")
 		return
@@ -557,13 +496,13 @@ func schema53(c *schemaCheck, v any, p *jpath) {
 			c.add(p.key("id"), "required")
 		}
 		if x, ok := m["id"]; ok {
-			schema54(c, x, p.key("id"))
+			schema47(c, x, p.key("id"))
 		}
 		if x, ok := m["kind"]; ok {
-			schema55(c, x, p.key("kind"))
+			schema48(c, x, p.key("kind"))
 		}
 		if x, ok := m["label"]; ok {
-			schema56(c, x, p.key("label"))
+			schema43(c, x, p.key("label"))
 		}
 		for k := range m {
 			switch k {
@@ -575,13 +514,13 @@ func schema53(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema52 checks #/$defs/item/properties/graph_refs/items.
-func schema52(c *schemaCheck, v any, p *jpath) {
-	schema53(c, v, p)
+// schema45 checks #/$defs/item/properties/graph_refs/items.
+func schema45(c *schemaCheck, v any, p *jpath) {
+	schema46(c, v, p)
 }
 
-// schema51 checks #/$defs/item/properties/graph_refs.
-func schema51(c *schemaCheck, v any, p *jpath) {
+// schema44 checks #/$defs/item/properties/graph_refs.
+func schema44(c *schemaCheck, v any, p *jpath) {
 	if !(isArray(v)) {
 		c.add(p, "must be an array (got "+jsonTypeOf(v)+")")
 		return
@@ -591,29 +530,21 @@ func schema51(c *schemaCheck, v any, p *jpath) {
 			c.add(p, "required non-empty")
 		}
 		for i, x := range a {
-			schema52(c, x, p.index(i))
+			schema45(c, x, p.index(i))
 		}
 	}
 }
 
-// schema57 checks #/$defs/item/properties/quote.
-func schema57(c *schemaCheck, v any, p *jpath) {
-	if !(isString(v)) {
-		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
-		return
-	}
-}
-
-// schema58 checks #/$defs/item/properties/source.
-func schema58(c *schemaCheck, v any, p *jpath) {
+// schema49 checks #/$defs/item/properties/source.
+func schema49(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || !(s == "user" || s == "auto") {
 		c.add(p, "must be one of \"user\", \"auto\"")
 		return
 	}
 }
 
-// schema59 checks #/$defs/item/properties/t_ms.
-func schema59(c *schemaCheck, v any, p *jpath) {
+// schema50 checks #/$defs/item/properties/t_ms.
+func schema50(c *schemaCheck, v any, p *jpath) {
 	if !(isInteger(v)) {
 		c.add(p, "must be an integer (got "+jsonTypeOf(v)+")")
 		return
@@ -628,8 +559,8 @@ func schema59(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema46 checks #/$defs/item.
-func schema46(c *schemaCheck, v any, p *jpath) {
+// schema40 checks #/$defs/item.
+func schema40(c *schemaCheck, v any, p *jpath) {
 	if !(isObject(v)) {
 		c.add(p, "must be an object (got "+jsonTypeOf(v)+")")
 		return
@@ -642,77 +573,77 @@ func schema46(c *schemaCheck, v any, p *jpath) {
 			c.add(p.key("deep_link"), "required")
 		}
 		if x, ok := m["deep_link"]; ok {
-			schema47(c, x, p.key("deep_link"))
+			schema41(c, x, p.key("deep_link"))
 		}
 		if x, ok := m["episode_slug"]; ok {
-			schema49(c, x, p.key("episode_slug"))
+			schema43(c, x, p.key("episode_slug"))
 		}
 		if x, ok := m["episode_title"]; ok {
-			schema50(c, x, p.key("episode_title"))
+			schema43(c, x, p.key("episode_title"))
 		}
 		if x, ok := m["graph_refs"]; ok {
-			schema51(c, x, p.key("graph_refs"))
+			schema44(c, x, p.key("graph_refs"))
 		}
 		if x, ok := m["quote"]; ok {
-			schema57(c, x, p.key("quote"))
+			schema43(c, x, p.key("quote"))
 		}
 		if x, ok := m["source"]; ok {
-			schema58(c, x, p.key("source"))
+			schema49(c, x, p.key("source"))
 		}
 		if x, ok := m["t_ms"]; ok {
-			schema59(c, x, p.key("t_ms"))
+			schema50(c, x, p.key("t_ms"))
 		}
 	}
 }
 
-// schema45 checks #/$defs/section/properties/items/items.
-func schema45(c *schemaCheck, v any, p *jpath) {
-	schema46(c, v, p)
+// schema39 checks #/$defs/section/properties/items/items.
+func schema39(c *schemaCheck, v any, p *jpath) {
+	schema40(c, v, p)
 }
 
-// schema44 checks #/$defs/section/properties/items.
-func schema44(c *schemaCheck, v any, p *jpath) {
+// schema38 checks #/$defs/section/properties/items.
+func schema38(c *schemaCheck, v any, p *jpath) {
 	if !(isArray(v)) {
 		c.add(p, "must be an array (got "+jsonTypeOf(v)+")")
 		return
 	}
 	if a, ok := v.([]any); ok {
 		for i, x := range a {
-			schema45(c, x, p.index(i))
+			schema39(c, x, p.index(i))
 		}
 	}
 }
 
-// schema60 checks #/$defs/section/properties/kind.
-func schema60(c *schemaCheck, v any, p *jpath) {
+// schema51 checks #/$defs/section/properties/kind.
+func schema51(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || !(s == "revisit" || s == "new_in_follows" || s == "trending_in_your_corpus") {
 		c.add(p, "must be one of \"revisit\", \"new_in_follows\", \"trending_in_your_corpus\"")
 		return
 	}
 }
 
-// schema62 checks #/$defs/section/if/properties/kind.
-func schema62(c *schemaCheck, v any, p *jpath) {
+// schema53 checks #/$defs/section/if/properties/kind.
+func schema53(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || s != "revisit" {
 		c.add(p, "must be \"revisit\"")
 		return
 	}
 }
 
-// schema61 checks #/$defs/section/if.
-func schema61(c *schemaCheck, v any, p *jpath) {
+// schema52 checks #/$defs/section/if.
+func schema52(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["kind"]; !ok {
 			c.add(p.key("kind"), "required")
 		}
 		if x, ok := m["kind"]; ok {
-			schema62(c, x, p.key("kind"))
+			schema53(c, x, p.key("kind"))
 		}
 	}
 }
 
-// schema65 checks #/$defs/section/then/properties/items/items.
-func schema65(c *schemaCheck, v any, p *jpath) {
+// schema56 checks #/$defs/section/then/properties/items/items.
+func schema56(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["quote"]; !ok {
 			c.add(p.key("quote"), "required")
@@ -732,26 +663,26 @@ func schema65(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema64 checks #/$defs/section/then/properties/items.
-func schema64(c *schemaCheck, v any, p *jpath) {
+// schema55 checks #/$defs/section/then/properties/items.
+func schema55(c *schemaCheck, v any, p *jpath) {
 	if a, ok := v.([]any); ok {
 		for i, x := range a {
-			schema65(c, x, p.index(i))
+			schema56(c, x, p.index(i))
 		}
 	}
 }
 
-// schema63 checks #/$defs/section/then.
-func schema63(c *schemaCheck, v any, p *jpath) {
+// schema54 checks #/$defs/section/then.
+func schema54(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if x, ok := m["items"]; ok {
-			schema64(c, x, p.key("items"))
+			schema55(c, x, p.key("items"))
 		}
 	}
 }
 
-// schema43 checks #/$defs/section.
-func schema43(c *schemaCheck, v any, p *jpath) {
+// schema37 checks #/$defs/section.
+func schema37(c *schemaCheck, v any, p *jpath) {
 	if !(isObject(v)) {
 		c.add(p, "must be an object (got "+jsonTypeOf(v)+")")
 		return
@@ -764,27 +695,27 @@ func schema43(c *schemaCheck, v any, p *jpath) {
 			c.add(p.key("items"), "required")
 		}
 		if x, ok := m["items"]; ok {
-			schema44(c, x, p.key("items"))
+			schema38(c, x, p.key("items"))
 		}
 		if x, ok := m["kind"]; ok {
-			schema60(c, x, p.key("kind"))
+			schema51(c, x, p.key("kind"))
 		}
 	}
 	if c.passes() {
-		schema61(c, v, p)
+		schema52(c, v, p)
 		if c.passed() {
-			schema63(c, v, p)
+			schema54(c, v, p)
 		}
 	}
 }
 
-// schema42 checks #/$defs/digest_payload/properties/sections/items.
-func schema42(c *schemaCheck, v any, p *jpath) {
-	schema43(c, v, p)
+// schema36 checks #/$defs/digest_payload/properties/sections/items.
+func schema36(c *schemaCheck, v any, p *jpath) {
+	schema37(c, v, p)
 }
 
-// schema67 checks #/$defs/digest_payload/properties/sections/contains/properties/items.
-func schema67(c *schemaCheck, v any, p *jpath) {
+// schema58 checks #/$defs/digest_payload/properties/sections/contains/properties/items.
+func schema58(c *schemaCheck, v any, p *jpath) {
 	if a, ok := v.([]any); ok {
 		if len(a) < 1 {
 			c.add(p, "required non-empty")
@@ -792,20 +723,20 @@ func schema67(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema66 checks #/$defs/digest_payload/properties/sections/contains.
-func schema66(c *schemaCheck, v any, p *jpath) {
+// schema57 checks #/$defs/digest_payload/properties/sections/contains.
+func schema57(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["items"]; !ok {
 			c.add(p.key("items"), "required")
 		}
 		if x, ok := m["items"]; ok {
-			schema67(c, x, p.key("items"))
+			schema58(c, x, p.key("items"))
 		}
 	}
 }
 
-// schema41 checks #/$defs/digest_payload/properties/sections.
-func schema41(c *schemaCheck, v any, p *jpath) {
+// schema35 checks #/$defs/digest_payload/properties/sections.
+func schema35(c *schemaCheck, v any, p *jpath) {
 	if !(isArray(v)) {
 		c.add(p, "must be an array (got "+jsonTypeOf(v)+")")
 		return
@@ -815,12 +746,12 @@ func schema41(c *schemaCheck, v any, p *jpath) {
 			c.add(p, "required non-empty")
 		}
 		for i, x := range a {
-			schema42(c, x, p.index(i))
+			schema36(c, x, p.index(i))
 		}
 		matched := false
 		for i, x := range a {
 			if c.passes() {
-				schema66(c, x, p.index(i))
+				schema57(c, x, p.index(i))
 				if c.passed() {
 					matched = true
 					break
@@ -833,8 +764,8 @@ func schema41(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema40 checks #/$defs/digest_payload.
-func schema40(c *schemaCheck, v any, p *jpath) {
+// schema34 checks #/$defs/digest_payload.
+func schema34(c *schemaCheck, v any, p *jpath) {
 	if !(isObject(v)) {
 		c.add(p, "must be an object (got "+jsonTypeOf(v)+")")
 		return
@@ -844,89 +775,68 @@ func schema40(c *schemaCheck, v any, p *jpath) {
 			c.add(p.key("sections"), "required")
 		}
 		if x, ok := m["sections"]; ok {
-			schema41(c, x, p.key("sections"))
+			schema35(c, x, p.key("sections"))
 		}
 	}
 }
 
-// schema39 checks #/allOf/0/then/properties/payload.
-func schema39(c *schemaCheck, v any, p *jpath) {
-	schema40(c, v, p)
+// schema33 checks #/allOf/0/then/properties/payload.
+func schema33(c *schemaCheck, v any, p *jpath) {
+	schema34(c, v, p)
 }
 
-// schema37 checks #/allOf/0/then.
-func schema37(c *schemaCheck, v any, p *jpath) {
+// schema31 checks #/allOf/0/then.
+func schema31(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if x, ok := m["channel"]; ok {
-			schema38(c, x, p.key("channel"))
+			schema32(c, x, p.key("channel"))
 		}
 		if x, ok := m["payload"]; ok {
-			schema39(c, x, p.key("payload"))
+			schema33(c, x, p.key("payload"))
 		}
 	}
 }
 
-// schema34 checks #/allOf/0.
-func schema34(c *schemaCheck, v any, p *jpath) {
+// schema28 checks #/allOf/0.
+func schema28(c *schemaCheck, v any, p *jpath) {
 	if c.passes() {
-		schema35(c, v, p)
+		schema29(c, v, p)
 		if c.passed() {
-			schema37(c, v, p)
+			schema31(c, v, p)
 		}
 	}
 }
 
-// schema70 checks #/allOf/1/if/properties/template.
-func schema70(c *schemaCheck, v any, p *jpath) {
+// schema61 checks #/allOf/1/if/properties/template.
+func schema61(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || s != "resurface-nudge.v1" {
 		c.add(p, "must be \"resurface-nudge.v1\"")
 		return
 	}
 }
 
-// schema69 checks #/allOf/1/if.
-func schema69(c *schemaCheck, v any, p *jpath) {
+// schema60 checks #/allOf/1/if.
+func schema60(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["template"]; !ok {
 			c.add(p.key("template"), "required")
 		}
 		if x, ok := m["template"]; ok {
-			schema70(c, x, p.key("template"))
+			schema61(c, x, p.key("template"))
 		}
 	}
 }
 
-// schema72 checks #/allOf/1/then/properties/channel.
-func schema72(c *schemaCheck, v any, p *jpath) {
+// schema63 checks #/allOf/1/then/properties/channel.
+func schema63(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || !(s == "push" || s == "email" || s == "wecom") {
 		c.add(p, "must be one of \"push\", \"email\", \"wecom\"")
 		return
 	}
 }
 
-// schema75 checks #/$defs/nudge_payload/properties/highlight_count.
-func schema75(c *schemaCheck, v any, p *jpath) {
-	if !(isInteger(v)) {
-		c.add(p, "must be an integer (got "+jsonTypeOf(v)+")")
-		return
-	}
-	if n, ok := v.(json.Number); ok {
-		if compareNumber(n, "0") < 0 {
-			c.add(p, "must be at least 0")
-		}
-		if compareNumber(n, "9007199254740991") > 0 {
-			c.add(p, "must be at most 9007199254740991")
-		}
-	}
-}
-
-// schema76 checks #/$defs/nudge_payload/properties/lead.
-func schema76(c *schemaCheck, v any, p *jpath) {
-	schema46(c, v, p)
-}
-
-// schema74 checks #/$defs/nudge_payload.
-func schema74(c *schemaCheck, v any, p *jpath) {
+// schema65 checks #/$defs/nudge_payload.
+func schema65(c *schemaCheck, v any, p *jpath) {
 	if !(isObject(v)) {
 		c.add(p, "must be an object (got "+jsonTypeOf(v)+")")
 		return
@@ -939,71 +849,71 @@ func schema74(c *schemaCheck, v any, p *jpath) {
 			c.add(p.key("lead"), "required")
 		}
 		if x, ok := m["highlight_count"]; ok {
-			schema75(c, x, p.key("highlight_count"))
+			schema50(c, x, p.key("highlight_count"))
 		}
 		if x, ok := m["lead"]; ok {
-			schema76(c, x, p.key("lead"))
+			schema39(c, x, p.key("lead"))
 		}
 	}
 }
 
-// schema73 checks #/allOf/1/then/properties/payload.
-func schema73(c *schemaCheck, v any, p *jpath) {
-	schema74(c, v, p)
+// schema64 checks #/allOf/1/then/properties/payload.
+func schema64(c *schemaCheck, v any, p *jpath) {
+	schema65(c, v, p)
 }
 
-// schema71 checks #/allOf/1/then.
-func schema71(c *schemaCheck, v any, p *jpath) {
+// schema62 checks #/allOf/1/then.
+func schema62(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if x, ok := m["channel"]; ok {
-			schema72(c, x, p.key("channel"))
+			schema63(c, x, p.key("channel"))
 		}
 		if x, ok := m["payload"]; ok {
-			schema73(c, x, p.key("payload"))
+			schema64(c, x, p.key("payload"))
 		}
 	}
 }
 
-// schema68 checks #/allOf/1.
-func schema68(c *schemaCheck, v any, p *jpath) {
+// schema59 checks #/allOf/1.
+func schema59(c *schemaCheck, v any, p *jpath) {
 	if c.passes() {
-		schema69(c, v, p)
+		schema60(c, v, p)
 		if c.passed() {
-			schema71(c, v, p)
+			schema62(c, v, p)
 		}
 	}
 }
 
-// schema79 checks #/allOf/2/if/properties/template.
-func schema79(c *schemaCheck, v any, p *jpath) {
+// schema68 checks #/allOf/2/if/properties/template.
+func schema68(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || s != "reply-text.v1" {
 		c.add(p, "must be \"reply-text.v1\"")
 		return
 	}
 }
 
-// schema78 checks #/allOf/2/if.
-func schema78(c *schemaCheck, v any, p *jpath) {
+// schema67 checks #/allOf/2/if.
+func schema67(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["template"]; !ok {
 			c.add(p.key("template"), "required")
 		}
 		if x, ok := m["template"]; ok {
-			schema79(c, x, p.key("template"))
+			schema68(c, x, p.key("template"))
 		}
 	}
 }
 
-// schema81 checks #/allOf/2/then/properties/channel.
-func schema81(c *schemaCheck, v any, p *jpath) {
+// schema70 checks #/allOf/2/then/properties/channel.
+func schema70(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || !(s == "telegram" || s == "wecom" || s == "wecom_robot" || s == "wecom_bot_reply") {
 		c.add(p, "must be one of \"telegram\", \"wecom\", \"wecom_robot\", \"wecom_bot_reply\"")
 		return
 	}
 }
 
-// schema84 checks #/$defs/reply_payload/properties/text.
-func schema84(c *schemaCheck, v any, p *jpath) {
+// schema73 checks #/$defs/reply_payload/properties/text.
+func schema73(c *schemaCheck, v any, p *jpath) {
 	if !(isString(v)) {
 		c.add(p, "must be a string (got "+jsonTypeOf(v)+")")
 		return
@@ -1019,8 +929,8 @@ func schema84(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema83 checks #/$defs/reply_payload.
-func schema83(c *schemaCheck, v any, p *jpath) {
+// schema72 checks #/$defs/reply_payload.
+func schema72(c *schemaCheck, v any, p *jpath) {
 	if !(isObject(v)) {
 		c.add(p, "must be an object (got "+jsonTypeOf(v)+")")
 		return
@@ -1030,47 +940,158 @@ func schema83(c *schemaCheck, v any, p *jpath) {
 			c.add(p.key("text"), "required")
 		}
 		if x, ok := m["text"]; ok {
-			schema84(c, x, p.key("text"))
+			schema73(c, x, p.key("text"))
 		}
 	}
 }
 
-// schema82 checks #/allOf/2/then/properties/payload.
-func schema82(c *schemaCheck, v any, p *jpath) {
-	schema83(c, v, p)
+// schema71 checks #/allOf/2/then/properties/payload.
+func schema71(c *schemaCheck, v any, p *jpath) {
+	schema72(c, v, p)
 }
 
-// schema80 checks #/allOf/2/then.
-func schema80(c *schemaCheck, v any, p *jpath) {
+// schema69 checks #/allOf/2/then.
+func schema69(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if x, ok := m["channel"]; ok {
-			schema81(c, x, p.key("channel"))
+			schema70(c, x, p.key("channel"))
 		}
 		if x, ok := m["payload"]; ok {
-			schema82(c, x, p.key("payload"))
+			schema71(c, x, p.key("payload"))
 		}
 	}
 }
 
-// schema77 checks #/allOf/2.
-func schema77(c *schemaCheck, v any, p *jpath) {
+// schema66 checks #/allOf/2.
+func schema66(c *schemaCheck, v any, p *jpath) {
 	if c.passes() {
-		schema78(c, v, p)
+		schema67(c, v, p)
 		if c.passed() {
-			schema80(c, v, p)
+			schema69(c, v, p)
 		}
 	}
 }
 
-// schema87 checks #/allOf/3/if/properties/channel.
-func schema87(c *schemaCheck, v any, p *jpath) {
+// schema76 checks #/allOf/3/if/properties/channel.
+func schema76(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || s != "email" {
 		c.add(p, "must be \"email\"")
 		return
 	}
 }
 
-// schema86 checks #/allOf/3/if.
+// schema75 checks #/allOf/3/if.
+func schema75(c *schemaCheck, v any, p *jpath) {
+	if m, ok := v.(map[string]any); ok {
+		if _, ok := m["channel"]; !ok {
+			c.add(p.key("channel"), "required")
+		}
+		if x, ok := m["channel"]; ok {
+			schema76(c, x, p.key("channel"))
+		}
+	}
+}
+
+// schema78 checks #/allOf/3/then/properties/consent_snapshot.
+func schema78(c *schemaCheck, v any, p *jpath) {
+	if m, ok := v.(map[string]any); ok {
+		if _, ok := m["unsubscribe_ref"]; !ok {
+			c.add(p.key("unsubscribe_ref"), "required")
+		}
+	}
+}
+
+// schema79 checks #/allOf/3/then/properties/recipient.
+func schema79(c *schemaCheck, v any, p *jpath) {
+	if m, ok := v.(map[string]any); ok {
+		if _, ok := m["email"]; !ok {
+			c.add(p.key("email"), "required")
+		}
+	}
+}
+
+// schema77 checks #/allOf/3/then.
+func schema77(c *schemaCheck, v any, p *jpath) {
+	if m, ok := v.(map[string]any); ok {
+		if _, ok := m["consent_snapshot"]; !ok {
+			c.add(p.key("consent_snapshot"), "required")
+		}
+		if x, ok := m["consent_snapshot"]; ok {
+			schema78(c, x, p.key("consent_snapshot"))
+		}
+		if x, ok := m["recipient"]; ok {
+			schema79(c, x, p.key("recipient"))
+		}
+	}
+}
+
+// schema74 checks #/allOf/3.
+func schema74(c *schemaCheck, v any, p *jpath) {
+	if c.passes() {
+		schema75(c, v, p)
+		if c.passed() {
+			schema77(c, v, p)
+		}
+	}
+}
+
+// schema82 checks #/allOf/4/if/properties/channel.
+func schema82(c *schemaCheck, v any, p *jpath) {
+	if s, ok := v.(string); !ok || s != "push" {
+		c.add(p, "must be \"push\"")
+		return
+	}
+}
+
+// schema81 checks #/allOf/4/if.
+func schema81(c *schemaCheck, v any, p *jpath) {
+	if m, ok := v.(map[string]any); ok {
+		if _, ok := m["channel"]; !ok {
+			c.add(p.key("channel"), "required")
+		}
+		if x, ok := m["channel"]; ok {
+			schema82(c, x, p.key("channel"))
+		}
+	}
+}
+
+// schema84 checks #/allOf/4/then/properties/recipient.
+func schema84(c *schemaCheck, v any, p *jpath) {
+	if m, ok := v.(map[string]any); ok {
+		if _, ok := m["push_subscription"]; !ok {
+			c.add(p.key("push_subscription"), "required")
+		}
+	}
+}
+
+// schema83 checks #/allOf/4/then.
+func schema83(c *schemaCheck, v any, p *jpath) {
+	if m, ok := v.(map[string]any); ok {
+		if x, ok := m["recipient"]; ok {
+			schema84(c, x, p.key("recipient"))
+		}
+	}
+}
+
+// schema80 checks #/allOf/4.
+func schema80(c *schemaCheck, v any, p *jpath) {
+	if c.passes() {
+		schema81(c, v, p)
+		if c.passed() {
+			schema83(c, v, p)
+		}
+	}
+}
+
+// schema87 checks #/allOf/5/if/properties/channel.
+func schema87(c *schemaCheck, v any, p *jpath) {
+	if s, ok := v.(string); !ok || s != "telegram" {
+		c.add(p, "must be \"telegram\"")
+		return
+	}
+}
+
+// schema86 checks #/allOf/5/if.
 func schema86(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["channel"]; !ok {
@@ -1082,40 +1103,25 @@ func schema86(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema89 checks #/allOf/3/then/properties/consent_snapshot.
+// schema89 checks #/allOf/5/then/properties/recipient.
 func schema89(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
-		if _, ok := m["unsubscribe_ref"]; !ok {
-			c.add(p.key("unsubscribe_ref"), "required")
+		if _, ok := m["chat_id"]; !ok {
+			c.add(p.key("chat_id"), "required")
 		}
 	}
 }
 
-// schema90 checks #/allOf/3/then/properties/recipient.
-func schema90(c *schemaCheck, v any, p *jpath) {
-	if m, ok := v.(map[string]any); ok {
-		if _, ok := m["email"]; !ok {
-			c.add(p.key("email"), "required")
-		}
-	}
-}
-
-// schema88 checks #/allOf/3/then.
+// schema88 checks #/allOf/5/then.
 func schema88(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
-		if _, ok := m["consent_snapshot"]; !ok {
-			c.add(p.key("consent_snapshot"), "required")
-		}
-		if x, ok := m["consent_snapshot"]; ok {
-			schema89(c, x, p.key("consent_snapshot"))
-		}
 		if x, ok := m["recipient"]; ok {
-			schema90(c, x, p.key("recipient"))
+			schema89(c, x, p.key("recipient"))
 		}
 	}
 }
 
-// schema85 checks #/allOf/3.
+// schema85 checks #/allOf/5.
 func schema85(c *schemaCheck, v any, p *jpath) {
 	if c.passes() {
 		schema86(c, v, p)
@@ -1125,124 +1131,28 @@ func schema85(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema93 checks #/allOf/4/if/properties/channel.
-func schema93(c *schemaCheck, v any, p *jpath) {
-	if s, ok := v.(string); !ok || s != "push" {
-		c.add(p, "must be \"push\"")
-		return
-	}
-}
-
-// schema92 checks #/allOf/4/if.
+// schema92 checks #/allOf/6/if/properties/channel.
 func schema92(c *schemaCheck, v any, p *jpath) {
-	if m, ok := v.(map[string]any); ok {
-		if _, ok := m["channel"]; !ok {
-			c.add(p.key("channel"), "required")
-		}
-		if x, ok := m["channel"]; ok {
-			schema93(c, x, p.key("channel"))
-		}
-	}
-}
-
-// schema95 checks #/allOf/4/then/properties/recipient.
-func schema95(c *schemaCheck, v any, p *jpath) {
-	if m, ok := v.(map[string]any); ok {
-		if _, ok := m["push_subscription"]; !ok {
-			c.add(p.key("push_subscription"), "required")
-		}
-	}
-}
-
-// schema94 checks #/allOf/4/then.
-func schema94(c *schemaCheck, v any, p *jpath) {
-	if m, ok := v.(map[string]any); ok {
-		if x, ok := m["recipient"]; ok {
-			schema95(c, x, p.key("recipient"))
-		}
-	}
-}
-
-// schema91 checks #/allOf/4.
-func schema91(c *schemaCheck, v any, p *jpath) {
-	if c.passes() {
-		schema92(c, v, p)
-		if c.passed() {
-			schema94(c, v, p)
-		}
-	}
-}
-
-// schema98 checks #/allOf/5/if/properties/channel.
-func schema98(c *schemaCheck, v any, p *jpath) {
-	if s, ok := v.(string); !ok || s != "telegram" {
-		c.add(p, "must be \"telegram\"")
-		return
-	}
-}
-
-// schema97 checks #/allOf/5/if.
-func schema97(c *schemaCheck, v any, p *jpath) {
-	if m, ok := v.(map[string]any); ok {
-		if _, ok := m["channel"]; !ok {
-			c.add(p.key("channel"), "required")
-		}
-		if x, ok := m["channel"]; ok {
-			schema98(c, x, p.key("channel"))
-		}
-	}
-}
-
-// schema100 checks #/allOf/5/then/properties/recipient.
-func schema100(c *schemaCheck, v any, p *jpath) {
-	if m, ok := v.(map[string]any); ok {
-		if _, ok := m["chat_id"]; !ok {
-			c.add(p.key("chat_id"), "required")
-		}
-	}
-}
-
-// schema99 checks #/allOf/5/then.
-func schema99(c *schemaCheck, v any, p *jpath) {
-	if m, ok := v.(map[string]any); ok {
-		if x, ok := m["recipient"]; ok {
-			schema100(c, x, p.key("recipient"))
-		}
-	}
-}
-
-// schema96 checks #/allOf/5.
-func schema96(c *schemaCheck, v any, p *jpath) {
-	if c.passes() {
-		schema97(c, v, p)
-		if c.passed() {
-			schema99(c, v, p)
-		}
-	}
-}
-
-// schema103 checks #/allOf/6/if/properties/channel.
-func schema103(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || s != "wecom" {
 		c.add(p, "must be \"wecom\"")
 		return
 	}
 }
 
-// schema102 checks #/allOf/6/if.
-func schema102(c *schemaCheck, v any, p *jpath) {
+// schema91 checks #/allOf/6/if.
+func schema91(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["channel"]; !ok {
 			c.add(p.key("channel"), "required")
 		}
 		if x, ok := m["channel"]; ok {
-			schema103(c, x, p.key("channel"))
+			schema92(c, x, p.key("channel"))
 		}
 	}
 }
 
-// schema105 checks #/allOf/6/then/properties/recipient.
-func schema105(c *schemaCheck, v any, p *jpath) {
+// schema94 checks #/allOf/6/then/properties/recipient.
+func schema94(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["wecom_user"]; !ok {
 			c.add(p.key("wecom_user"), "required")
@@ -1250,47 +1160,47 @@ func schema105(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema104 checks #/allOf/6/then.
-func schema104(c *schemaCheck, v any, p *jpath) {
+// schema93 checks #/allOf/6/then.
+func schema93(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if x, ok := m["recipient"]; ok {
-			schema105(c, x, p.key("recipient"))
+			schema94(c, x, p.key("recipient"))
 		}
 	}
 }
 
-// schema101 checks #/allOf/6.
-func schema101(c *schemaCheck, v any, p *jpath) {
+// schema90 checks #/allOf/6.
+func schema90(c *schemaCheck, v any, p *jpath) {
 	if c.passes() {
-		schema102(c, v, p)
+		schema91(c, v, p)
 		if c.passed() {
-			schema104(c, v, p)
+			schema93(c, v, p)
 		}
 	}
 }
 
-// schema108 checks #/allOf/7/if/properties/channel.
-func schema108(c *schemaCheck, v any, p *jpath) {
+// schema97 checks #/allOf/7/if/properties/channel.
+func schema97(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || s != "wecom_robot" {
 		c.add(p, "must be \"wecom_robot\"")
 		return
 	}
 }
 
-// schema107 checks #/allOf/7/if.
-func schema107(c *schemaCheck, v any, p *jpath) {
+// schema96 checks #/allOf/7/if.
+func schema96(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["channel"]; !ok {
 			c.add(p.key("channel"), "required")
 		}
 		if x, ok := m["channel"]; ok {
-			schema108(c, x, p.key("channel"))
+			schema97(c, x, p.key("channel"))
 		}
 	}
 }
 
-// schema110 checks #/allOf/7/then/properties/recipient.
-func schema110(c *schemaCheck, v any, p *jpath) {
+// schema99 checks #/allOf/7/then/properties/recipient.
+func schema99(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["robot"]; !ok {
 			c.add(p.key("robot"), "required")
@@ -1298,47 +1208,47 @@ func schema110(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema109 checks #/allOf/7/then.
-func schema109(c *schemaCheck, v any, p *jpath) {
+// schema98 checks #/allOf/7/then.
+func schema98(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if x, ok := m["recipient"]; ok {
-			schema110(c, x, p.key("recipient"))
+			schema99(c, x, p.key("recipient"))
 		}
 	}
 }
 
-// schema106 checks #/allOf/7.
-func schema106(c *schemaCheck, v any, p *jpath) {
+// schema95 checks #/allOf/7.
+func schema95(c *schemaCheck, v any, p *jpath) {
 	if c.passes() {
-		schema107(c, v, p)
+		schema96(c, v, p)
 		if c.passed() {
-			schema109(c, v, p)
+			schema98(c, v, p)
 		}
 	}
 }
 
-// schema113 checks #/allOf/8/if/properties/channel.
-func schema113(c *schemaCheck, v any, p *jpath) {
+// schema102 checks #/allOf/8/if/properties/channel.
+func schema102(c *schemaCheck, v any, p *jpath) {
 	if s, ok := v.(string); !ok || s != "wecom_bot_reply" {
 		c.add(p, "must be \"wecom_bot_reply\"")
 		return
 	}
 }
 
-// schema112 checks #/allOf/8/if.
-func schema112(c *schemaCheck, v any, p *jpath) {
+// schema101 checks #/allOf/8/if.
+func schema101(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["channel"]; !ok {
 			c.add(p.key("channel"), "required")
 		}
 		if x, ok := m["channel"]; ok {
-			schema113(c, x, p.key("channel"))
+			schema102(c, x, p.key("channel"))
 		}
 	}
 }
 
-// schema115 checks #/allOf/8/then/properties/recipient.
-func schema115(c *schemaCheck, v any, p *jpath) {
+// schema104 checks #/allOf/8/then/properties/recipient.
+func schema104(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["response_url"]; !ok {
 			c.add(p.key("response_url"), "required")
@@ -1346,24 +1256,24 @@ func schema115(c *schemaCheck, v any, p *jpath) {
 	}
 }
 
-// schema114 checks #/allOf/8/then.
-func schema114(c *schemaCheck, v any, p *jpath) {
+// schema103 checks #/allOf/8/then.
+func schema103(c *schemaCheck, v any, p *jpath) {
 	if m, ok := v.(map[string]any); ok {
 		if _, ok := m["expires_at"]; !ok {
 			c.add(p.key("expires_at"), "required")
 		}
 		if x, ok := m["recipient"]; ok {
-			schema115(c, x, p.key("recipient"))
+			schema104(c, x, p.key("recipient"))
 		}
 	}
 }
 
-// schema111 checks #/allOf/8.
-func schema111(c *schemaCheck, v any, p *jpath) {
+// schema100 checks #/allOf/8.
+func schema100(c *schemaCheck, v any, p *jpath) {
 	if c.passes() {
-		schema112(c, v, p)
+		schema101(c, v, p)
 		if c.passed() {
-			schema114(c, v, p)
+			schema103(c, v, p)
 		}
 	}
 }
@@ -1409,31 +1319,31 @@ func schema0(c *schemaCheck, v any, p *jpath) {
 			schema7(c, x, p.key("created_at"))
 		}
 		if x, ok := m["expires_at"]; ok {
-			schema9(c, x, p.key("expires_at"))
+			schema7(c, x, p.key("expires_at"))
 		}
 		if x, ok := m["id"]; ok {
-			schema10(c, x, p.key("id"))
+			schema9(c, x, p.key("id"))
 		}
 		if x, ok := m["not_before"]; ok {
-			schema12(c, x, p.key("not_before"))
+			schema7(c, x, p.key("not_before"))
 		}
 		if x, ok := m["payload"]; ok {
-			schema13(c, x, p.key("payload"))
+			schema11(c, x, p.key("payload"))
 		}
 		if x, ok := m["recipient"]; ok {
-			schema14(c, x, p.key("recipient"))
+			schema12(c, x, p.key("recipient"))
 		}
 		if x, ok := m["schema_version"]; ok {
-			schema30(c, x, p.key("schema_version"))
+			schema26(c, x, p.key("schema_version"))
 		}
 		if x, ok := m["template"]; ok {
-			schema31(c, x, p.key("template"))
+			schema27(c, x, p.key("template"))
 		}
 		if x, ok := m["tenant_id"]; ok {
-			schema32(c, x, p.key("tenant_id"))
+			schema9(c, x, p.key("tenant_id"))
 		}
 		if x, ok := m["user_id"]; ok {
-			schema33(c, x, p.key("user_id"))
+			schema9(c, x, p.key("user_id"))
 		}
 		for k := range m {
 			switch k {
@@ -1443,13 +1353,13 @@ func schema0(c *schemaCheck, v any, p *jpath) {
 			c.add(p.key(k), "unknown field")
 		}
 	}
-	schema34(c, v, p)
-	schema68(c, v, p)
-	schema77(c, v, p)
+	schema28(c, v, p)
+	schema59(c, v, p)
+	schema66(c, v, p)
+	schema74(c, v, p)
+	schema80(c, v, p)
 	schema85(c, v, p)
-	schema91(c, v, p)
-	schema96(c, v, p)
-	schema101(c, v, p)
-	schema106(c, v, p)
-	schema111(c, v, p)
+	schema90(c, v, p)
+	schema95(c, v, p)
+	schema100(c, v, p)
 }

@@ -28,7 +28,8 @@ func Generate(doc []byte, pkg string) ([]byte, error) {
 		return nil, fmt.Errorf("schemagen: schema is not a JSON object: %w", err)
 	}
 	g := &gen{root: root, names: map[string]string{}}
-	if _, err := g.node(root, "#"); err != nil {
+	rootFn, err := g.node(root, "#")
+	if err != nil {
 		return nil, err
 	}
 	var out bytes.Buffer
@@ -43,7 +44,7 @@ func Generate(doc []byte, pkg string) ([]byte, error) {
 		out.WriteString(")\n\n")
 	}
 	out.WriteString("// schemaRoot checks v against the whole schema.\n")
-	fmt.Fprintf(&out, "func schemaRoot(c *schemaCheck, v any, p *jpath) { %s(c, v, p) }\n\n", g.names["#"])
+	fmt.Fprintf(&out, "func schemaRoot(c *schemaCheck, v any, p *jpath) { %s(c, v, p) }\n\n", rootFn)
 	out.Write(g.funcs.Bytes())
 	src, err := format.Source(out.Bytes())
 	if err != nil {
@@ -54,7 +55,7 @@ func Generate(doc []byte, pkg string) ([]byte, error) {
 
 type gen struct {
 	root    map[string]any
-	names   map[string]string // JSON pointer → function
+	names   map[string]string // a schema's JSON → its function
 	funcs   bytes.Buffer
 	regexps []string
 	n       int
@@ -68,12 +69,18 @@ var typeOrder = []string{"null", "boolean", "number", "integer", "string", "arra
 // node emits the function checking schema s (at JSON pointer ptr) and
 // returns its name.
 func (g *gen) node(s map[string]any, ptr string) (string, error) {
-	if name, ok := g.names[ptr]; ok {
+	// Equal schemas (the same $ref, the same inline shape at several
+	// places) share one function.
+	key, err := json.Marshal(withoutNotes(s))
+	if err != nil {
+		return "", fmt.Errorf("schemagen: %s: %w", ptr, err)
+	}
+	if name, ok := g.names[string(key)]; ok {
 		return name, nil
 	}
 	name := fmt.Sprintf("schema%d", g.n)
 	g.n++
-	g.names[ptr] = name
+	g.names[string(key)] = name
 	for k := range s {
 		if !annotations[k] && !slices.Contains(supported, k) {
 			return "", fmt.Errorf("schemagen: %s: keyword %q is not supported", ptr, k)
@@ -252,15 +259,9 @@ func (g *gen) node(s map[string]any, ptr string) (string, error) {
 	if hasMinItems || hasItems || hasContains {
 		b.WriteString("\tif a, ok := v.([]any); ok {\n")
 		if mv, ok := s["minItems"]; ok {
-			n, err := nonNegInt(mv)
-			if err != nil {
+			if err := lowerBound(&b, "len(a)", mv, "must have at least %d elements"); err != nil {
 				return "", fmt.Errorf("schemagen: %s: minItems: %w", ptr, err)
 			}
-			rule := fmt.Sprintf("must have at least %d elements", n)
-			if n == 1 {
-				rule = "required non-empty"
-			}
-			fmt.Fprintf(&b, "\t\tif len(a) < %d {\n\t\t\tc.add(p, %s)\n\t\t}\n", n, strconv.Quote(rule))
 		}
 		if iv, ok := s["items"]; ok {
 			sub, ok := iv.(map[string]any)
@@ -298,15 +299,9 @@ func (g *gen) node(s map[string]any, ptr string) (string, error) {
 			b.WriteString("\t\tn := utf8.RuneCountInString(s)\n")
 		}
 		if mv, ok := s["minLength"]; ok {
-			n, err := nonNegInt(mv)
-			if err != nil {
+			if err := lowerBound(&b, "n", mv, "must be at least %d characters"); err != nil {
 				return "", fmt.Errorf("schemagen: %s: minLength: %w", ptr, err)
 			}
-			rule := fmt.Sprintf("must be at least %d characters", n)
-			if n == 1 {
-				rule = "required non-empty"
-			}
-			fmt.Fprintf(&b, "\t\tif n < %d {\n\t\t\tc.add(p, %s)\n\t\t}\n", n, strconv.Quote(rule))
 		}
 		if mv, ok := s["maxLength"]; ok {
 			n, err := nonNegInt(mv)
@@ -433,6 +428,43 @@ func numberText(ptr, kw string, f float64) string {
 		return strconv.FormatInt(int64(f), 10)
 	}
 	panic(fmt.Sprintf("schemagen: %s: %s %v is not an integer below 2^53", ptr, kw, f))
+}
+
+// lowerBound emits the check of a minItems or minLength: a bound of 1 is
+// "required non-empty", as the library's errors are rendered.
+func lowerBound(b *strings.Builder, expr string, bound any, rule string) error {
+	n, err := nonNegInt(bound)
+	if err != nil {
+		return err
+	}
+	rule = fmt.Sprintf(rule, n)
+	if n == 1 {
+		rule = "required non-empty"
+	}
+	fmt.Fprintf(b, "\t\tif %s < %d {\n\t\t\tc.add(p, %s)\n\t\t}\n", expr, n, strconv.Quote(rule))
+	return nil
+}
+
+// withoutNotes returns s without the annotations that do not change what
+// it checks, nested schemas included.
+func withoutNotes(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, x := range v {
+			if k != "description" && k != "title" {
+				out[k] = withoutNotes(x)
+			}
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = withoutNotes(x)
+		}
+		return out
+	}
+	return v
 }
 
 func nonNegInt(v any) (int, error) {
