@@ -40,7 +40,8 @@ type schemaCheck struct {
 	probs []Problem
 	quiet int
 	fails int
-	marks [8]int
+	marks [8]int // fails when each open trial started,
+	more  []int  // past the eighth
 }
 
 func (c *schemaCheck) add(p *jpath, rule string) {
@@ -52,7 +53,11 @@ func (c *schemaCheck) add(p *jpath, rule string) {
 
 // passes starts a trial (always true, so that it opens a block).
 func (c *schemaCheck) passes() bool {
-	c.marks[c.quiet] = c.fails
+	if c.quiet < len(c.marks) {
+		c.marks[c.quiet] = c.fails
+	} else {
+		c.more = append(c.more, c.fails)
+	}
 	c.quiet++
 	return true
 }
@@ -60,7 +65,12 @@ func (c *schemaCheck) passes() bool {
 // passed ends the trial passes started: whether nothing failed in it.
 func (c *schemaCheck) passed() bool {
 	c.quiet--
-	return c.fails == c.marks[c.quiet]
+	if c.quiet < len(c.marks) {
+		return c.fails == c.marks[c.quiet]
+	}
+	start := c.more[len(c.more)-1]
+	c.more = c.more[:len(c.more)-1]
+	return c.fails == start
 }
 
 // jpath is the place of a value in the document, rendered only for a

@@ -203,3 +203,35 @@ func FuzzSchemaParity(f *testing.F) {
 		checkParity(t, inst)
 	})
 }
+
+// Trials nested deeper than the check's fixed marks still pair up.
+func TestSchemaCheck_DeepTrials(t *testing.T) {
+	var c schemaCheck
+	var outcomes []bool
+	var nest func(depth int)
+	nest = func(depth int) {
+		if depth == 0 {
+			c.add(nil, "x")
+			return
+		}
+		if c.passes() {
+			if depth%3 == 0 {
+				c.add(nil, "y")
+			}
+			nest(depth - 1)
+			outcomes = append(outcomes, c.passed())
+		}
+	}
+	nest(20)
+	if c.quiet != 0 || len(c.probs) != 0 || len(outcomes) != 20 {
+		t.Fatalf("quiet %d, %d problems, %d trials", c.quiet, len(c.probs), len(outcomes))
+	}
+	for i, ok := range outcomes {
+		if ok {
+			t.Errorf("trial %d passed though a failure happened inside it", i)
+		}
+	}
+	if !c.passes() || !c.passed() {
+		t.Error("an empty trial failed")
+	}
+}
