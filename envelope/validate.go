@@ -140,9 +140,7 @@ func ValidEncodingRows(e *Envelope) ([]byte, int, error) {
 		return nil, 0, err
 	}
 	if reply != nil { // Rows(e), from the text the checks decoded
-		if n := len(SplitReply(*reply)); n > 0 {
-			return data, n, nil
-		}
+		return data, replyRows(e.Channel, *reply), nil
 	}
 	return data, 1, nil
 }
@@ -152,12 +150,15 @@ func ValidEncodingRows(e *Envelope) ([]byte, int, error) {
 func Rows(e *Envelope) int {
 	if e.Template == TemplateReply {
 		if p, err := e.ReplyPayload(); err == nil {
-			if n := len(SplitReplyFor(e.Channel, p.Text)); n > 0 {
-				return n
-			}
+			return replyRows(e.Channel, p.Text)
 		}
 	}
 	return 1
+}
+
+// replyRows is the row count of a reply text on channel ch (at least 1).
+func replyRows(ch Channel, text string) int {
+	return max(1, len(SplitReplyFor(ch, text)))
 }
 
 // encodingProblems finds the strings of e that encoding would silently

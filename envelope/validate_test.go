@@ -885,6 +885,9 @@ func TestValidEncodingRows_Segments(t *testing.T) {
 	}{
 		{"reply-text.v1.golden.json", "short"},
 		{"reply-text.v1.golden.json", strings.Repeat("a sentence of a long reply. ", 600)},
+		// The limit is the channel's: 2048 bytes on wecom, 4096 on telegram.
+		{"reply-text.v1.wecom.golden.json", strings.Repeat("a sentence of a long reply. ", 250)},
+		{"reply-text.v1.wecom_robot.golden.json", strings.Repeat("a sentence of a long reply. ", 250)},
 		{"your-week-digest.v1.golden.json", ""},
 	} {
 		e, err := envelope.Parse(readFixture(t, tc.fixture))
