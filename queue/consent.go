@@ -18,13 +18,85 @@ type ConsentFlags struct {
 	PushEnabled   bool   `json:"push_enabled"`
 	EmailVerified bool   `json:"email_verified"`
 	Cadence       string `json:"cadence,omitempty"`
+	// By says who set the flags (the app's word: "user", "admin", ...;
+	// outbox consent set says "cli"), kept in the history.
+	By string `json:"by,omitempty"`
 }
 
-// Consent is a user's current consent: the flags and the suppressions.
+// Consent is a user's current consent: the flags, the suppressions and
+// the history of changes (newest last, at most MaxConsentHistory).
 type Consent struct {
 	ConsentFlags
-	Suppressions []Suppression `json:"suppressions,omitempty"`
-	UpdatedAt    time.Time     `json:"updated_at,omitzero"`
+	Suppressions []Suppression   `json:"suppressions,omitempty"`
+	UpdatedAt    time.Time       `json:"updated_at,omitzero"`
+	History      []ConsentChange `json:"history,omitempty"`
+}
+
+// ConsentChange is one entry of a user's consent history.
+type ConsentChange struct {
+	At     time.Time `json:"at"`
+	By     string    `json:"by,omitempty"`
+	Change string    `json:"change"`
+}
+
+// MaxConsentHistory bounds a user's consent history (older entries go).
+const MaxConsentHistory = 50
+
+func (c *Consent) note(at time.Time, by, format string, a ...any) {
+	c.History = append(c.History, ConsentChange{At: at, By: by, Change: fmt.Sprintf(format, a...)})
+	if n := len(c.History) - MaxConsentHistory; n > 0 {
+		c.History = slices.Delete(c.History, 0, n)
+	}
+}
+
+// optsIn reports whether an explicit opt-in in f covers channel ch.
+func (f ConsentFlags) optsIn(ch envelope.Channel) bool {
+	switch ch {
+	case envelope.ChannelEmail:
+		return f.DigestEnabled
+	case envelope.ChannelPush:
+		return f.PushEnabled
+	case envelope.ChannelWeCom:
+		return f.DigestEnabled
+	}
+	return false
+}
+
+// Set is the rule every store applies to SetConsent: the flags replace
+// the old ones, and an explicit opt-in (digest_enabled for e-mail,
+// push_enabled for push) lifts that channel's unsubscribes: the user
+// asked again. Bounces, complaints and gone subscriptions stay (an
+// operator lifts them: Lift). Both go into the history.
+func (c *Consent) Set(f ConsentFlags, now time.Time) {
+	c.ConsentFlags = f
+	c.UpdatedAt = now
+	c.note(now, f.By, "set digest_enabled=%v push_enabled=%v email_verified=%v cadence=%s", f.DigestEnabled, f.PushEnabled, f.EmailVerified, f.Cadence)
+	c.Suppressions = slices.DeleteFunc(c.Suppressions, func(s Suppression) bool {
+		if s.Reason == envelope.ClassUnsubscribed && f.optsIn(s.Channel) {
+			c.note(now, f.By, "lifted %s %s: opted in again", s.Channel, s.Reason)
+			return true
+		}
+		return false
+	})
+}
+
+// Lift removes the user's suppressions of channel ch (of target only,
+// when target is not ""), whatever their reason: an operator checked. It
+// reports whether one was lifted.
+func (c *Consent) Lift(ch envelope.Channel, target, by string, now time.Time) bool {
+	n := len(c.Suppressions)
+	c.Suppressions = slices.DeleteFunc(c.Suppressions, func(s Suppression) bool {
+		if s.Channel == ch && (target == "" || s.Target == target) {
+			c.note(now, by, "lifted %s %s", s.Channel, s.Reason)
+			return true
+		}
+		return false
+	})
+	if len(c.Suppressions) != n {
+		c.UpdatedAt = now
+		return true
+	}
+	return false
 }
 
 // Suppression stops deliveries on a channel, or to one target on it.
@@ -133,7 +205,7 @@ func SuppressionFor(e *envelope.Envelope, reason envelope.ErrorClass, at time.Ti
 }
 
 // Add adds suppression s to c unless c already has one for the same
-// channel and target.
+// channel and target, and notes it in the history.
 func (c *Consent) Add(s Suppression) {
 	for _, x := range c.Suppressions {
 		if x.Channel == s.Channel && x.Target == s.Target {
@@ -141,6 +213,7 @@ func (c *Consent) Add(s Suppression) {
 		}
 	}
 	c.Suppressions = append(c.Suppressions, s)
+	c.note(s.At, "", "suppressed %s %s", s.Channel, s.Reason)
 }
 
 // Resubscribed lifts a suppression of the push endpoint (left by an

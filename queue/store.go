@@ -117,12 +117,19 @@ type Store interface {
 	// Consent returns the user's current consent from the store's own
 	// consent records (the zero Consent when there is none).
 	Consent(ctx context.Context, tenant, userID string) (Consent, error)
-	// SetConsent replaces the user's consent flags; suppressions are kept.
-	// SetConsent, Suppress and Erase refuse an empty user id (ErrNoUser);
-	// Suppress refuses an unknown channel.
+	// SetConsent replaces the user's consent flags by Consent.Set: an
+	// explicit opt-in lifts that channel's unsubscribes, other
+	// suppressions are kept, and the history notes both.
+	// SetConsent, Suppress, LiftSuppression and Erase refuse an empty user
+	// id (ErrNoUser); Suppress refuses an unknown channel.
 	SetConsent(ctx context.Context, tenant, userID string, c ConsentFlags) error
 	// Suppress adds a suppression to the user's consent record.
 	Suppress(ctx context.Context, tenant, userID string, s Suppression) error
+	// LiftSuppression removes the user's suppressions of a channel (of one
+	// target, when target is not "") by Consent.Lift, whatever their
+	// reason: an operator checked (a bounce that was a full mailbox, a
+	// chat unblocked). ErrNotFound when none matched.
+	LiftSuppression(ctx context.Context, tenant, userID string, ch envelope.Channel, target string) error
 
 	// Erase deletes everything stored for a user: log, rows, consent and
 	// suppressions (the tenant's address suppressions, which name no user,

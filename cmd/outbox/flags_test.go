@@ -2,11 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
 )
 
 // Flags may come before and after the arguments; "--" ends them.
@@ -79,5 +84,31 @@ func TestEnqueue_RefusesExpired(t *testing.T) {
 	}
 	if m, _ := filepath.Glob(filepath.Join(data, "logs", "*", "*")); len(m) != 0 {
 		t.Fatalf("appended anyway: %v", m)
+	}
+}
+
+// outbox consent lift clears a user's suppression an operator checked, and
+// says when there is none.
+func TestCLI_ConsentLift(t *testing.T) {
+	data := t.TempDir()
+	q, err := filestore.Open(data, &filestore.Options{NoSync: true, DisableWatcher: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := q.Suppress(ctx, "", "u_7", queue.Suppression{Channel: envelope.ChannelTelegram, Reason: envelope.ClassBlockedByUser}); err != nil {
+		t.Fatal(err)
+	}
+	q.Close()
+	out, errs, code := runCmd(t, "consent", "lift", "u_7", "telegram", "--data", data)
+	if code != 0 || strings.Contains(out, "suppressed telegram:") || !strings.Contains(out, "lifted telegram blocked_by_user by operator") {
+		t.Fatalf("consent lift = %d %q %q", code, out, errs)
+	}
+	_, errs, code = runCmd(t, "consent", "lift", "u_7", "telegram", "--data", data)
+	if code != exitFailure || !strings.Contains(errs, "no telegram suppression to lift") {
+		t.Fatalf("consent lift of nothing = %d %q", code, errs)
+	}
+	if _, errs, code = runCmd(t, "consent", "lift", "u_7", "fax", "--data", data); code != exitUsage || !strings.Contains(errs, "unknown channel") {
+		t.Fatalf("consent lift of a bad channel = %d %q", code, errs)
 	}
 }

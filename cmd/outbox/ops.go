@@ -30,6 +30,7 @@ type backend interface {
 	Resolve(ctx context.Context, tenant, id string, as envelope.State) error
 	Consent(ctx context.Context, tenant, user string) (queue.Consent, error)
 	SetConsent(ctx context.Context, tenant, user string, f queue.ConsentFlags) error
+	LiftSuppression(ctx context.Context, tenant, user string, ch envelope.Channel, target string) error
 	Erase(ctx context.Context, tenant, user string) error
 	Counts(ctx context.Context, tenant string) (queue.Counts, error)
 	Quarantined(ctx context.Context) ([]filestore.QuarantineRecord, error)
@@ -63,6 +64,9 @@ func (d *directBackend) Consent(ctx context.Context, t, u string) (queue.Consent
 func (d *directBackend) SetConsent(ctx context.Context, t, u string, f queue.ConsentFlags) error {
 	return d.q.SetConsent(ctx, t, u, f)
 }
+func (d *directBackend) LiftSuppression(ctx context.Context, t, u string, ch envelope.Channel, target string) error {
+	return d.q.LiftSuppression(ctx, t, u, ch, target)
+}
 func (d *directBackend) Erase(ctx context.Context, t, u string) error { return d.q.Erase(ctx, t, u) }
 func (d *directBackend) Counts(ctx context.Context, t string) (queue.Counts, error) {
 	return d.q.Counts(ctx, t)
@@ -86,6 +90,7 @@ type opRequest struct {
 	// (lift-address); Reason a suppression's class.
 	Address string              `json:"address,omitempty"`
 	Reason  envelope.ErrorClass `json:"reason,omitempty"`
+	Channel envelope.Channel    `json:"channel,omitempty"` // lift-suppression (Address: the target)
 }
 
 type opError struct {
@@ -114,6 +119,9 @@ func operatorHandler(b backend) http.Handler {
 		return nil, b.Resolve(ctx, r.Tenant, r.ID, r.As)
 	})
 	handle("consent", func(ctx context.Context, r opRequest) (any, error) { return b.Consent(ctx, r.Tenant, r.User) })
+	handle("lift-suppression", func(ctx context.Context, r opRequest) (any, error) {
+		return nil, b.LiftSuppression(ctx, r.Tenant, r.User, r.Channel, r.Address)
+	})
 	handle("set-consent", func(ctx context.Context, r opRequest) (any, error) {
 		return nil, b.SetConsent(ctx, r.Tenant, r.User, r.Flags)
 	})
@@ -201,6 +209,9 @@ func (s *socketBackend) Resolve(ctx context.Context, t, id string, as envelope.S
 func (s *socketBackend) Consent(ctx context.Context, t, u string) (queue.Consent, error) {
 	var c queue.Consent
 	return c, s.call(ctx, "consent", opRequest{Tenant: t, User: u}, &c)
+}
+func (s *socketBackend) LiftSuppression(ctx context.Context, t, u string, ch envelope.Channel, target string) error {
+	return s.call(ctx, "lift-suppression", opRequest{Tenant: t, User: u, Channel: ch, Address: target}, nil)
 }
 func (s *socketBackend) SetConsent(ctx context.Context, t, u string, f queue.ConsentFlags) error {
 	return s.call(ctx, "set-consent", opRequest{Tenant: t, User: u, Flags: f}, nil)
@@ -342,7 +353,7 @@ var (
 	resolveAs          *string
 	consentFlags       struct {
 		digest, push, verified *bool
-		cadence                *string
+		cadence, target        *string
 	}
 )
 
@@ -457,16 +468,30 @@ func init() {
 		}, func(s *settings) {
 			resolveAs = s.fs.String("as", "", "sent (the message did go out) or retry (deliver it again)")
 		}))
-	register(opCommand("consent", "show or set a user's consent: consent show USER | consent set USER [--digest] [--push] [--email-verified]", "show|set USER [flags]",
+	register(opCommand("consent", "show, set or lift a user's consent: consent show USER | consent set USER [--digest] [--push] [--email-verified] | consent lift USER CHANNEL [--target T]", "show|set|lift USER [CHANNEL] [flags]",
 		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
-			if len(args) != 2 || (args[0] != "show" && args[0] != "set") {
-				fmt.Fprintln(e.Stderr, "Error: usage: outbox consent show|set USER [--digest] [--push] [--email-verified] [--cadence weekly|daily]")
+			const usage = "Error: usage: outbox consent show|set USER [--digest] [--push] [--email-verified] [--cadence weekly|daily] | consent lift USER CHANNEL [--target T]"
+			if len(args) < 2 || (args[0] != "lift" && len(args) != 2) || (args[0] == "lift" && len(args) != 3) ||
+				(args[0] != "show" && args[0] != "set" && args[0] != "lift") {
+				fmt.Fprintln(e.Stderr, usage)
 				return exitUsage
 			}
 			user := args[1]
-			if args[0] == "set" {
-				f := queue.ConsentFlags{DigestEnabled: *consentFlags.digest, PushEnabled: *consentFlags.push, EmailVerified: *consentFlags.verified, Cadence: *consentFlags.cadence}
+			switch args[0] {
+			case "set":
+				f := queue.ConsentFlags{DigestEnabled: *consentFlags.digest, PushEnabled: *consentFlags.push, EmailVerified: *consentFlags.verified, Cadence: *consentFlags.cadence, By: "cli"}
 				if err := b.SetConsent(ctx, tenant, user, f); err != nil {
+					return opErr(e, err)
+				}
+			case "lift":
+				ch, err := envelope.ParseChannel(args[2])
+				if err != nil {
+					fmt.Fprintf(e.Stderr, "Error: channel %q: %v\n", args[2], err)
+					return exitUsage
+				}
+				if err := b.LiftSuppression(ctx, tenant, user, ch, *consentFlags.target); errors.Is(err, queue.ErrNotFound) {
+					return fail(e, "%s has no %s suppression to lift in tenant %q (outbox consent show %s lists them)", user, ch, tenant, user)
+				} else if err != nil {
 					return opErr(e, err)
 				}
 			}
@@ -485,12 +510,16 @@ func init() {
 			for _, s := range c.Suppressions {
 				fmt.Fprintf(e.Stdout, "suppressed %s%s: %s since %s\n", s.Channel, suffix(" target ", s.Target), s.Reason, s.At.Format(time.RFC3339))
 			}
+			for _, h := range c.History {
+				fmt.Fprintf(e.Stdout, "history %s %s%s\n", h.At.Format(time.RFC3339), h.Change, suffix(" by ", h.By))
+			}
 			return exitOK
 		}, func(s *settings) {
 			consentFlags.digest = s.fs.Bool("digest", false, "digest e-mails enabled")
 			consentFlags.push = s.fs.Bool("push", false, "push nudges enabled")
 			consentFlags.verified = s.fs.Bool("email-verified", false, "the e-mail address is verified")
 			consentFlags.cadence = s.fs.String("cadence", "", "weekly or daily")
+			consentFlags.target = s.fs.String("target", "", "lift: only the suppression of this target (as consent show lists it)")
 		}))
 	register(opCommand("erase", "delete everything stored for a user: log, rows, consent, subscriptions", "USER",
 		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {

@@ -220,8 +220,24 @@ func (q *Queue) SetConsent(ctx context.Context, tenant, userID string, f queue.C
 		if err != nil {
 			return err
 		}
-		c.ConsentFlags = f
-		c.UpdatedAt = q.opts.Now().UTC()
+		c.Set(f, q.opts.Now().UTC())
+		return q.record(tx, jrec{Op: jConsent, Tenant: tenantOr(tenant), User: userID, Consent: &c})
+	})
+}
+
+// LiftSuppression implements Store.
+func (q *Queue) LiftSuppression(ctx context.Context, tenant, userID string, ch envelope.Channel, target string) error {
+	if userID == "" {
+		return queue.ErrNoUser
+	}
+	return q.write(ctx, false, func(tx *bolt.Tx) error {
+		c, _, err := getConsent(tx, tenantOr(tenant), userID)
+		if err != nil {
+			return err
+		}
+		if !c.Lift(ch, target, "operator", q.opts.Now().UTC()) {
+			return queue.ErrNotFound
+		}
 		return q.record(tx, jrec{Op: jConsent, Tenant: tenantOr(tenant), User: userID, Consent: &c})
 	})
 }

@@ -345,6 +345,12 @@ func (a *api) putConsent(w http.ResponseWriter, r *http.Request) error {
 	default:
 		return badRequest(`cadence must be "weekly" or "daily"`)
 	}
+	if err := checkID("by", f.By, true); err != nil {
+		return err
+	}
+	if f.By == "" {
+		f.By = "api" // the history says the change came over HTTP
+	}
 	if err := a.cfg.Store.SetConsent(r.Context(), tenant, user, f); err != nil {
 		return err
 	}

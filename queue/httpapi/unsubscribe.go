@@ -227,7 +227,7 @@ func (a *api) unsubscribe(w http.ResponseWriter, r *http.Request) error {
 		var c queue.Consent
 		if c, err = a.cfg.Store.Consent(ctx, tenant, user); err == nil {
 			f := c.ConsentFlags
-			f.DigestEnabled = false
+			f.DigestEnabled, f.By = false, "unsubscribe_link"
 			err = a.cfg.Store.SetConsent(ctx, tenant, user, f)
 		}
 	}

@@ -324,3 +324,32 @@ func TestUnsubscribe_NotServedWithoutUnsubscriber(t *testing.T) {
 		t.Fatalf("status %d", w.Code)
 	}
 }
+
+// After a one-click unsubscribe, an explicit opt-in over the API lifts the
+// unsubscribe: digests are accepted again, and the history says who.
+func TestUnsubscribe_ReOptInLifts(t *testing.T) {
+	f, _, path := unsubFixture(t)
+	if w := f.call("POST", path, "List-Unsubscribe=One-Click", noAuth, withHeader("Content-Type", "application/x-www-form-urlencoded")); w.Code != 200 {
+		t.Fatalf("one-click: %d", w.Code)
+	}
+	f.enqueue(http.StatusConflict, digest("d/2", "u_1"))
+	w := f.call("PUT", "/v1/consent/u_1", `{"digest_enabled":true,"push_enabled":true,"email_verified":true}`)
+	if w.Code != 200 {
+		t.Fatalf("PUT consent: %d %s", w.Code, w.Body)
+	}
+	c := f.consent("", "u_1")
+	if len(c.Suppressions) != 0 {
+		t.Fatalf("the unsubscribe stayed after the opt-in: %+v", c.Suppressions)
+	}
+	f.enqueue(http.StatusCreated, digest("d/2", "u_1"))
+	var bys []string
+	for _, h := range c.History {
+		bys = append(bys, h.By+":"+h.Change)
+	}
+	got := strings.Join(bys, "; ")
+	for _, want := range []string{":suppressed email unsubscribed", "unsubscribe_link:set digest_enabled=false", "api:set digest_enabled=true", "api:lifted email unsubscribed"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("history %q lacks %q", got, want)
+		}
+	}
+}

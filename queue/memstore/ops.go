@@ -241,8 +241,24 @@ func (s *Store) SetConsent(ctx context.Context, tenant, userID string, f queue.C
 		c = &queue.Consent{}
 		s.consent[k] = c
 	}
-	c.ConsentFlags = f
-	c.UpdatedAt = s.now()
+	c.Set(f, s.now())
+	return nil
+}
+
+// LiftSuppression lifts the user's suppressions of ch (and target). See
+// queue.Store.
+func (s *Store) LiftSuppression(ctx context.Context, tenant, userID string, ch envelope.Channel, target string) error {
+	if userID == "" {
+		return queue.ErrNoUser
+	}
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	c := s.consent[userKey{tenantOr(tenant), userID}]
+	if c == nil || !c.Lift(ch, target, "operator", s.now()) {
+		return queue.ErrNotFound
+	}
 	return nil
 }
 

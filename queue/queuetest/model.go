@@ -780,6 +780,42 @@ func (m *model) SetConsent(ctx context.Context, tenant, userID string, f queue.C
 	}
 	c := m.record(pair{tenantOf(tenant), userID})
 	c.ConsentFlags, c.UpdatedAt = f, m.now()
+	// An explicit opt-in lifts that channel's unsubscribes (the rest stay).
+	var kept []queue.Suppression
+	for _, s := range c.Suppressions {
+		reOpt := s.Reason == envelope.ClassUnsubscribed &&
+			(s.Channel == envelope.ChannelEmail && f.DigestEnabled || s.Channel == envelope.ChannelPush && f.PushEnabled)
+		if !reOpt {
+			kept = append(kept, s)
+		}
+	}
+	c.Suppressions = kept
+	return nil
+}
+
+// LiftSuppression removes the user's suppressions of ch (of target when
+// given); ErrNotFound when none matched.
+func (m *model) LiftSuppression(ctx context.Context, tenant, userID string, ch envelope.Channel, target string) error {
+	if userID == "" {
+		return errModelNoUser
+	}
+	if err := m.check(ctx); err != nil {
+		return err
+	}
+	c := m.consent[pair{tenantOf(tenant), userID}]
+	if c == nil {
+		return queue.ErrNotFound
+	}
+	var kept []queue.Suppression
+	for _, s := range c.Suppressions {
+		if s.Channel != ch || (target != "" && s.Target != target) {
+			kept = append(kept, s)
+		}
+	}
+	if len(kept) == len(c.Suppressions) {
+		return queue.ErrNotFound
+	}
+	c.Suppressions, c.UpdatedAt = kept, m.now()
 	return nil
 }
 

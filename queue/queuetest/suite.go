@@ -60,6 +60,7 @@ func Exercise(t *testing.T, h Harness) {
 		{"NotBefore", testNotBefore},
 		{"ExpiresAt", testExpiresAt},
 		{"EnqueueExpired", testEnqueueExpired},
+		{"ConsentReOptIn", testConsentReOptIn},
 		{"ClaimOrder", testClaimOrder},
 		{"ClaimFilters", testClaimFilters},
 		{"ClaimRequestValidation", testClaimValidation},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -495,4 +496,52 @@ func testEnqueueExpired(t *testing.T, h Harness) {
 	if err != nil || len(res) != 1 || !res[0].Duplicate {
 		t.Fatalf("re-post of a stored, now expired envelope = %+v, %v; want a duplicate", res, err)
 	}
+}
+
+// An explicit opt-in lifts that channel's unsubscribe (not a bounce or a
+// gone subscription: an operator lifts those with LiftSuppression); an
+// envelope stored before the unsubscribe is still a duplicate when posted
+// again; the history says who did what.
+func testConsentReOptIn(t *testing.T, h Harness) {
+	f := setup(t, h)
+	f.grant(dflt, "u-1")
+	stored := Digest("d-1", "u-1")
+	f.enqueue(stored)
+	unsub := queue.Suppression{Channel: envelope.ChannelEmail, Reason: envelope.ClassUnsubscribed, At: T0}
+	gone := queue.Suppression{Channel: envelope.ChannelPush, Target: TargetOfNudge("u-1"), Reason: envelope.ClassSubscriptionGone, At: T0}
+	for _, s := range []queue.Suppression{unsub, gone} {
+		if err := f.s.Suppress(f.ctx, dflt, "u-1", s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res, err := f.s.Enqueue(f.ctx, stored); err != nil || !res[0].Duplicate {
+		t.Fatalf("re-post of a stored envelope after an unsubscribe = %+v, %v; want a duplicate", res, err)
+	}
+	f.wantDenied(Digest("d-2", "u-1"), envelope.ClassUnsubscribed, "after the unsubscribe")
+
+	flags := queue.ConsentFlags{DigestEnabled: true, PushEnabled: true, EmailVerified: true, By: "user"}
+	if err := f.s.SetConsent(f.ctx, dflt, "u-1", flags); err != nil {
+		t.Fatal(err)
+	}
+	f.enqueue(Digest("d-2", "u-1"))
+	f.wantDenied(Nudge("n-1", "u-1"), envelope.ClassSubscriptionGone, "a gone subscription after the opt-in")
+	c := f.consent(dflt, "u-1")
+	if len(c.Suppressions) != 1 || c.Suppressions[0].Reason != envelope.ClassSubscriptionGone {
+		t.Fatalf("suppressions after the opt-in: %+v", c.Suppressions)
+	}
+	var byUser, lifted bool
+	for _, ch := range c.History {
+		byUser = byUser || ch.By == "user" && strings.HasPrefix(ch.Change, "set ")
+		lifted = lifted || strings.Contains(ch.Change, "lifted email unsubscribed")
+	}
+	if !byUser || !lifted {
+		t.Fatalf("history %+v, want the set by user and the lift", c.History)
+	}
+
+	if err := f.s.LiftSuppression(f.ctx, dflt, "u-1", envelope.ChannelPush, ""); err != nil {
+		t.Fatal(err)
+	}
+	f.enqueue(Nudge("n-1", "u-1"))
+	wantErr(t, f.s.LiftSuppression(f.ctx, dflt, "u-1", envelope.ChannelPush, ""), queue.ErrNotFound, "LiftSuppression with nothing to lift")
+	wantErr(t, f.s.LiftSuppression(f.ctx, dflt, "", envelope.ChannelPush, ""), queue.ErrNoUser, "LiftSuppression without a user")
 }
