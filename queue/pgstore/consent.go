@@ -102,19 +102,22 @@ func (cc *consents) get(ctx context.Context, tx pgx.Tx, tenant, user string) (qu
 	return c, found, nil
 }
 
-const consentCols = `digest_enabled, push_enabled, email_verified, cadence, suppressions, updated_ns`
+const consentCols = `digest_enabled, push_enabled, email_verified, cadence, suppressions, updated_ns, set_by, history`
 
 func scanConsent(r pgx.Row, pre ...any) (queue.Consent, error) {
 	var (
 		c   queue.Consent
-		sup []byte
-		upd int64
+		sup, hist []byte
+		upd       int64
 	)
-	if err := r.Scan(append(pre, &c.DigestEnabled, &c.PushEnabled, &c.EmailVerified, &c.Cadence, &sup, &upd)...); err != nil {
+	if err := r.Scan(append(pre, &c.DigestEnabled, &c.PushEnabled, &c.EmailVerified, &c.Cadence, &sup, &upd, &c.By, &hist)...); err != nil {
 		return c, err
 	}
 	if err := json.Unmarshal(sup, &c.Suppressions); err != nil {
 		return c, fmt.Errorf("pgstore: stored suppressions do not decode: %w", err)
+	}
+	if err := json.Unmarshal(hist, &c.History); err != nil {
+		return c, fmt.Errorf("pgstore: stored consent history does not decode: %w", err)
 	}
 	c.UpdatedAt = timeNs(upd)
 	return c, nil
@@ -163,10 +166,18 @@ func (s *Store) writeConsent(ctx context.Context, tx pgx.Tx, k userKey, c *queue
 	if err != nil {
 		return err
 	}
+	hist := c.History
+	if hist == nil {
+		hist = []queue.ConsentChange{}
+	}
+	hj, err := json.Marshal(hist)
+	if err != nil {
+		return err
+	}
 	var b pgx.Batch
 	b.Queue(s.sql(`UPDATE {s}.consents SET digest_enabled = $3, push_enabled = $4, email_verified = $5, cadence = $6,
-		suppressions = $7, updated_ns = $8 WHERE tenant = $1 AND user_id = $2`),
-		k.tenant, k.user, c.DigestEnabled, c.PushEnabled, c.EmailVerified, c.Cadence, string(sj), c.UpdatedAt.UnixNano())
+		suppressions = $7, updated_ns = $8, set_by = $9, history = $10 WHERE tenant = $1 AND user_id = $2`),
+		k.tenant, k.user, c.DigestEnabled, c.PushEnabled, c.EmailVerified, c.Cadence, string(sj), c.UpdatedAt.UnixNano(), c.By, string(hj))
 	b.Queue(s.sql(`INSERT INTO {s}.consent_history (tenant, user_id, at_ns, record) VALUES ($1, $2, $3, $4)`),
 		k.tenant, k.user, c.UpdatedAt.UnixNano(), string(rec))
 	return tx.SendBatch(ctx, &b).Close()
@@ -212,10 +223,34 @@ func (s *Store) SetConsent(ctx context.Context, tenant, userID string, f queue.C
 	return s.inTx(ctx, "set consent", func(tx pgx.Tx) error {
 		now := s.now()
 		return s.changeConsent(ctx, tx, userKey{tenantOr(tenant), userID}, now, func(c *queue.Consent) bool {
-			c.ConsentFlags = f
-			c.UpdatedAt = now
+			c.Set(f, now)
 			return true
 		})
+	})
+}
+
+// LiftSuppression lifts the user's suppressions of ch (and target). See
+// queue.Store.
+func (s *Store) LiftSuppression(ctx context.Context, tenant, userID string, ch envelope.Channel, target string) error {
+	if userID == "" {
+		return queue.ErrNoUser
+	}
+	return s.inTx(ctx, "lift suppression", func(tx pgx.Tx) error {
+		k := userKey{tenantOr(tenant), userID}
+		if _, found, err := s.readConsent(ctx, tx, k, true); err != nil {
+			return err
+		} else if !found {
+			return queue.ErrNotFound
+		}
+		lifted := false
+		err := s.changeConsent(ctx, tx, k, s.now(), func(c *queue.Consent) bool {
+			lifted = c.Lift(ch, target, "operator", s.now())
+			return lifted
+		})
+		if err == nil && !lifted {
+			err = queue.ErrNotFound
+		}
+		return err
 	})
 }
 
