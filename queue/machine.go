@@ -442,6 +442,30 @@ func Recover(rows []Delivery, seg int, req ClaimRequest, fence func() uint64, no
 	return s, true, nil
 }
 
+// RecordGone settles row seg, whose lease expired, when its record can no
+// longer be read (its log was deleted or cut): whether the provider got it
+// cannot be asked (reconciling needs the message) and it can never be sent
+// again, so it becomes unresolved, class record_lost, for an operator to
+// settle; never leased again (a store that cannot read it would recover it
+// for ever). A seam lease (ExpireToPending) goes back to pending instead,
+// where a claim dead-letters the lost record.
+func RecordGone(rows []Delivery, seg int, now time.Time) (*Step, error) {
+	if err := inRange(rows, seg); err != nil {
+		return nil, err
+	}
+	if !LeaseExpired(&rows[seg], now) {
+		return nil, fmt.Errorf("%w: segment %d holds a live lease or is not sending", ErrInvalidTransition, seg)
+	}
+	if rows[seg].ToPending {
+		return ExpireLease(rows, seg, now)
+	}
+	s := newStep(rows)
+	if err := s.settle(seg, envelope.StateUnresolved, envelope.ClassRecordLost, now); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
 // ExpireLease returns row seg, whose ExpireToPending lease (the HTTP
 // seam's) expired, to pending, due now.
 func ExpireLease(rows []Delivery, seg int, now time.Time) (*Step, error) {

@@ -242,3 +242,24 @@ func TestTransitionError_NamesStates(t *testing.T) {
 		t.Fatalf("Resolve of a sent envelope = %v", err)
 	}
 }
+
+// A recovered row whose record is gone ends unresolved, record_lost; a live
+// lease is refused; a seam lease goes back to pending.
+func TestRecordGone(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	expired := queue.Delivery{State: envelope.StateSending, Owner: "w", Fence: 3, LeaseEnd: now.Add(-time.Second), Attempts: 1}
+	st, err := queue.RecordGone([]queue.Delivery{expired}, 0, now)
+	if err != nil || st.Rows[0].State != envelope.StateUnresolved || st.Rows[0].Class != envelope.ClassRecordLost || st.Rows[0].Owner != "" {
+		t.Fatalf("RecordGone = %+v, %v", st, err)
+	}
+	live := expired
+	live.LeaseEnd = now.Add(time.Minute)
+	if _, err := queue.RecordGone([]queue.Delivery{live}, 0, now); !errors.Is(err, queue.ErrInvalidTransition) {
+		t.Fatalf("RecordGone of a live lease = %v", err)
+	}
+	seam := expired
+	seam.ToPending = true
+	if st, err := queue.RecordGone([]queue.Delivery{seam}, 0, now); err != nil || st.Rows[0].State != envelope.StatePending {
+		t.Fatalf("RecordGone of a seam lease = %+v, %v", st, err)
+	}
+}

@@ -352,6 +352,18 @@ func (q *Queue) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 				continue
 			}
 			fence := func() uint64 { return nextCounter(tx, keyFence) }
+			if _, rerr := q.readEnvelope(ek, e); rerr != nil {
+				// The record is gone: nothing to reconcile with, and a
+				// lease would fail every recover behind it.
+				q.log.Error("envelope record unreadable at recovery; row unresolved", "operation", "recover", "status", "error", "error_class", string(envelope.ClassRecordLost))
+				if _, err := q.step(tx, ek, e, now, func(rows []queue.Delivery) (*queue.Step, error) {
+					return queue.RecordGone(rows, seg, now)
+				}); err != nil {
+					return err
+				}
+				wake = true
+				continue
+			}
 			var leased bool
 			st, err := q.step(tx, ek, e, now, func(rows []queue.Delivery) (*queue.Step, error) {
 				st, l, err := queue.Recover(rows, seg, req, fence, now)
@@ -386,7 +398,9 @@ func (q *Queue) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 	for _, c := range out {
 		env, err := q.readEnvelope(envKey(c.lease.Key.Tenant, c.lease.Key.EnvelopeID), c.env)
 		if err != nil {
-			return nil, err
+			// Gone since the transaction read it: its lease expires, and
+			// the next recover settles it (RecordGone).
+			continue
 		}
 		c.lease.Envelope = env
 		leases = append(leases, c.lease)

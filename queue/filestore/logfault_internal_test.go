@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -341,4 +344,55 @@ func TestLogFault_DeletedBeforeIndexed(t *testing.T) {
 			wantLeased(t, claimAll(t, q), "d-later")
 		})
 	}
+}
+
+// A leased row whose log is deleted before its lease expires: recovery
+// cannot reconcile it (the message is gone) and must not lease it for
+// ever, nor fail the recovery of the others: it becomes unresolved,
+// record_lost, once; the other user's row is recovered.
+func TestLogFault_DeletedUnderALeaseIsUnresolved(t *testing.T) {
+	dir := t.TempDir()
+	var mu sync.Mutex
+	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	q, err := Open(dir, &Options{Options: queue.Options{Now: clock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, DisableWatcher: true, RescanInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	mustEnqueue(t, q, replyEnv("a", "u1", "hello"), replyEnv("b", "u2", "hello"))
+	wantLeased(t, claimAll(t, q), "a", "b")
+	if err := os.Remove(LogPath(dir, "", "u1")); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Minute)
+	mu.Unlock()
+	ctx := context.Background()
+	req := queue.ClaimRequest{Owner: "r", Lease: time.Minute, Limit: 10}
+	ls, err := q.Recover(ctx, req)
+	if err != nil || len(ls) != 1 || ls[0].Key.EnvelopeID != "b" {
+		t.Fatalf("Recover = %v, %v; want the lease of b only", leaseIDs(ls), err)
+	}
+	st, err := q.Get(ctx, "", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := st.Segments[0]; s.State != envelope.StateUnresolved || s.Class != envelope.ClassRecordLost {
+		t.Fatalf("a after recovery: %s/%s, want unresolved/record_lost", s.State, s.Class)
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Minute)
+	mu.Unlock()
+	if ls, err := q.Recover(ctx, req); err != nil || len(ls) != 1 || ls[0].Key.EnvelopeID != "b" {
+		t.Fatalf("second Recover = %v, %v; want b again, a never", leaseIDs(ls), err)
+	}
+}
+
+func leaseIDs(ls []*queue.Lease) []string {
+	var ids []string
+	for _, l := range ls {
+		ids = append(ids, l.Key.EnvelopeID)
+	}
+	return ids
 }
