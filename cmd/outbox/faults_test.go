@@ -625,11 +625,11 @@ func (dr *faultDrill) checkAlive() {
 
 // knownCut is the store-core defect an index.db emptied under a running
 // serve shows: bbolt reads its memory map past the file's new end.
-const knownCut = "serve killed by SIGBUS after index.db was emptied under it (bbolt's memory map read past the end of the file)"
+const knownCut = "serve killed after index.db was emptied under it (SIGBUS: bbolt's memory map read past the end of the file, or a bbolt page assertion on the zeros written back)"
 
 // crashed records a serve that died: a known defect or a new one.
 func (dr *faultDrill) crashed(what, logs string) {
-	if dr.cutUnderServe && strings.Contains(logs, "SIGBUS") {
+	if dr.cutUnderServe && (strings.Contains(logs, "SIGBUS") || strings.Contains(logs, "assertion failed: Page expected to be")) {
 		dr.known[knownCut]++
 		dr.t.Logf("KNOWN DEFECT (store core): %s: %s", knownCut, firstLine(crashOf(logs)))
 		return
