@@ -48,7 +48,7 @@ func (q *Queue) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStat
 	if err != nil {
 		return nil, err
 	}
-	st.Status = aggregate(st.Segments)
+	st.Status = queue.Aggregate(st.Segments)
 	if env, err := q.readEnvelope(envKey(tenant, id), rec); err == nil {
 		st.Envelope = env
 	}
@@ -56,32 +56,13 @@ func (q *Queue) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStat
 }
 
 func segmentStatus(seg int, r *rowRec) queue.SegmentStatus {
-	return queue.SegmentStatus{
-		Index: seg, State: r.State, Attempts: r.Attempts, Class: r.Class, Receipt: r.Receipt,
-		Fence: r.Fence, NextAt: fromNano(r.Due), LeaseEnd: fromNano(r.LeaseEnd),
-		UpdatedAt: fromNano(r.Updated), History: r.History,
-	}
-}
-
-// aggregate is an envelope's status: delivered, or the first unsent segment's state.
-func aggregate(segs []queue.SegmentStatus) string {
-	for _, s := range segs {
-		if s.State != envelope.StateSent {
-			return string(s.State)
-		}
-	}
-	return queue.StatusDelivered
+	d := toDelivery(r)
+	return d.Segment(seg)
 }
 
 // List implements Store.
 func (q *Queue) List(ctx context.Context, f queue.ListFilter) (*queue.Page, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = 50
-	}
-	if limit > 1000 {
-		limit = 1000
-	}
+	limit := queue.PageLimit(f)
 	var after []byte
 	if f.Cursor != "" {
 		b, err := base64.RawURLEncoding.DecodeString(f.Cursor)

@@ -30,38 +30,16 @@ func (s *Store) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStat
 		UserID:     rec.env.UserID,
 		Channel:    rec.env.Channel,
 		Template:   rec.env.Template,
-		Status:     queue.StatusDelivered,
 		EnqueuedAt: rec.enqueuedAt,
 		Segments:   make([]queue.SegmentStatus, len(rec.rows)),
 		Envelope:   rec.env.Clone(),
 	}
-	first := true
 	for i, r := range rec.rows {
-		if r.State != envelope.StateSent && first {
-			st.Status = string(r.State)
-			first = false
-		}
-		st.Segments[i] = queue.SegmentStatus{
-			Index:     r.index,
-			State:     r.State,
-			Attempts:  r.Attempts,
-			Class:     r.Class,
-			Receipt:   r.Receipt,
-			Fence:     r.Fence,
-			NextAt:    r.Due,
-			LeaseEnd:  r.LeaseEnd,
-			UpdatedAt: r.Updated,
-			History:   slices.Clone(r.History),
-		}
+		st.Segments[i] = r.Segment(r.index)
 	}
+	st.Status = queue.Aggregate(st.Segments)
 	return st, nil
 }
-
-// List limits.
-const (
-	defaultListLimit = 50
-	maxListLimit     = 1000
-)
 
 var errBadCursor = errors.New("queue: invalid list cursor")
 
@@ -99,11 +77,7 @@ func (s *Store) List(ctx context.Context, f queue.ListFilter) (*queue.Page, erro
 			return nil, err
 		}
 	}
-	limit := f.Limit
-	if limit <= 0 {
-		limit = defaultListLimit
-	}
-	limit = min(limit, maxListLimit)
+	limit := queue.PageLimit(f)
 
 	if err := s.lock(ctx); err != nil {
 		return nil, err

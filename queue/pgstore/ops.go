@@ -37,30 +37,14 @@ func (s *Store) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStat
 			UserID:     l.userID,
 			Channel:    l.channel,
 			Template:   e.Template,
-			Status:     queue.StatusDelivered,
 			EnqueuedAt: l.enqueued,
 			Segments:   make([]queue.SegmentStatus, len(l.rows)),
 			Envelope:   e,
 		}
-		first := true
 		for i, r := range l.rows {
-			if r.State != envelope.StateSent && first {
-				st.Status = string(r.State)
-				first = false
-			}
-			st.Segments[i] = queue.SegmentStatus{
-				Index:     i,
-				State:     r.State,
-				Attempts:  r.Attempts,
-				Class:     r.Class,
-				Receipt:   r.Receipt,
-				Fence:     r.Fence,
-				NextAt:    r.Due,
-				LeaseEnd:  r.LeaseEnd,
-				UpdatedAt: r.Updated,
-				History:   r.History,
-			}
+			st.Segments[i] = r.Segment(i)
 		}
+		st.Status = queue.Aggregate(st.Segments)
 		return nil
 	})
 	if err != nil {
@@ -68,12 +52,6 @@ func (s *Store) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStat
 	}
 	return st, nil
 }
-
-// List limits.
-const (
-	defaultListLimit = 50
-	maxListLimit     = 1000
-)
 
 var errBadCursor = errors.New("queue: invalid list cursor")
 
@@ -111,11 +89,7 @@ func (s *Store) List(ctx context.Context, f queue.ListFilter) (*queue.Page, erro
 			return nil, err
 		}
 	}
-	limit := f.Limit
-	if limit <= 0 {
-		limit = defaultListLimit
-	}
-	limit = min(limit, maxListLimit)
+	limit := queue.PageLimit(f)
 	page := &queue.Page{Rows: []queue.Row{}}
 	err := s.inTx(ctx, "list", func(tx pgx.Tx) error {
 		page.Rows, page.Next = page.Rows[:0], ""

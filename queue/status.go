@@ -1,0 +1,39 @@
+package queue
+
+import (
+	"slices"
+
+	"github.com/outboxhq/outbox/envelope"
+)
+
+// The operator's view of an envelope, which every store builds the same way.
+
+// Segment returns the status of row d as segment index of its envelope
+// (its history copied).
+func (d *Delivery) Segment(index int) SegmentStatus {
+	return SegmentStatus{
+		Index: index, State: d.State, Attempts: d.Attempts, Class: d.Class, Receipt: d.Receipt,
+		Fence: d.Fence, NextAt: d.Due, LeaseEnd: d.LeaseEnd, UpdatedAt: d.Updated,
+		History: slices.Clone(d.History),
+	}
+}
+
+// Aggregate is an envelope's status from its segments: StatusDelivered
+// when every one is sent, else the state of the first one that is not.
+func Aggregate(segs []SegmentStatus) string {
+	for _, s := range segs {
+		if s.State != envelope.StateSent {
+			return string(s.State)
+		}
+	}
+	return StatusDelivered
+}
+
+// PageLimit is the number of rows a List page holds for f: f.Limit, 50
+// when it is not positive, at most 1000.
+func PageLimit(f ListFilter) int {
+	if f.Limit <= 0 {
+		return 50
+	}
+	return min(f.Limit, 1000)
+}
