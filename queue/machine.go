@@ -495,12 +495,20 @@ var requeueable = []envelope.State{envelope.StateDeadLetter, envelope.StateUnres
 // the last error class and history are kept). The first segment not sent
 // is due now; the later ones wait for their turn. When that first segment
 // cannot be requeued (bounced, complaint: the recipient is gone), nothing
-// can go, and Requeue refuses.
-func Requeue(rows []Delivery, now time.Time) (*Step, error) {
+// can go, and Requeue refuses. It refuses too when v, what a claim would
+// decide now (Judge), does not send: the envelope would only end again
+// (consent still refuses it, it is past expires_at, its record is gone),
+// and the refusal says why.
+func Requeue(rows []Delivery, v Verdict, now time.Time) (*Step, error) {
 	s := newStep(rows)
 	first := slices.IndexFunc(s.Rows, func(d Delivery) bool { return d.State != envelope.StateSent })
 	if first < 0 || !Requeueable(s.Rows[first].State) {
 		return nil, refused("requeue", rows, requeueable...)
+	}
+	if v.State != envelope.StateSending {
+		e := refused("requeue", rows, requeueable...)
+		e.Would, e.Because = v.State, v.Class
+		return nil, e
 	}
 	for i := first; i < len(s.Rows); i++ {
 		if !Requeueable(s.Rows[i].State) {
@@ -589,6 +597,10 @@ type TransitionError struct {
 	Action string           // "requeue" or "resolve"
 	States []envelope.State // the envelope's segments, in order
 	Want   []envelope.State // the states the action applies to
+	// Would and Because, when set: a requeue would only end the envelope
+	// again, in state Would for reason Because (a claim's verdict now).
+	Would   envelope.State
+	Because envelope.ErrorClass
 }
 
 func refused(action string, rows []Delivery, want ...envelope.State) *TransitionError {
@@ -613,7 +625,23 @@ func (e *TransitionError) Explain() string {
 			is += fmt.Sprintf(" (the first not sent, segment %d, decides)", first)
 		}
 	}
+	if e.Would != "" {
+		return fmt.Sprintf("%s does not apply: %s, and a claim now would end it %s (%s): %s", e.Action, is, e.Would, e.Because, lift(e.Because))
+	}
 	return fmt.Sprintf("%s does not apply: %s; %s applies to %s", e.Action, is, e.Action, joinStates(e.Want, ", "))
+}
+
+// lift says what has to change before a refused requeue can go.
+func lift(c envelope.ErrorClass) string {
+	switch c {
+	case envelope.ClassExpired:
+		return "it is past its expires_at; enqueue a new envelope instead"
+	case envelope.ClassRecordLost:
+		return "its record is gone from its log; it cannot be sent"
+	case envelope.ClassNoConsent, envelope.ClassConsentWithdrawn, envelope.ClassUnsubscribed:
+		return "the user's consent must allow it first (PUT /v1/consent, outbox consent set)"
+	}
+	return "lift the suppression first (outbox consent lift, or outbox suppressions lift for an address)"
 }
 
 func (e *TransitionError) Is(target error) bool { return target == ErrInvalidTransition }

@@ -66,7 +66,7 @@ func TestMachine_EveryEdgeIsTaken(t *testing.T) {
 		return run(rows, func(r []queue.Delivery) (*queue.Step, error) { return queue.Commit(b, r, lease(r, seg), out, t0) })
 	}
 	requeue := func(rows []queue.Delivery) []queue.Delivery {
-		return run(rows, func(r []queue.Delivery) (*queue.Step, error) { return queue.Requeue(r, t0) })
+		return run(rows, func(r []queue.Delivery) (*queue.Step, error) { return queue.Requeue(r, send, t0) })
 	}
 	fresh := func(segs int) []queue.Delivery { return queue.NewRows(env, segs, t0) }
 
@@ -133,7 +133,7 @@ func TestMachine_EveryEdgeIsTaken(t *testing.T) {
 // error and no Step.
 func TestMachine_RefusesIllegalEdges(t *testing.T) {
 	rows := []queue.Delivery{{State: envelope.StateSent}}
-	if _, err := queue.Requeue(rows, t0); !errors.Is(err, queue.ErrInvalidTransition) {
+	if _, err := queue.Requeue(rows, send, t0); !errors.Is(err, queue.ErrInvalidTransition) {
 		t.Fatalf("requeue of a sent row: %v", err)
 	}
 	if _, err := queue.Resolve(rows, envelope.StateSent, t0); !errors.Is(err, queue.ErrInvalidTransition) {
@@ -182,7 +182,7 @@ func TestMachine_ChatOrder(t *testing.T) {
 			t.Fatalf("segment %d is %s, want %s (rows %+v)", i, s.Rows[i].State, want, s.Rows)
 		}
 	}
-	s = must(queue.Requeue(s.Rows, t0))
+	s = must(queue.Requeue(s.Rows, send, t0))
 	if !s.Rows[1].Eligible(t0) || s.Rows[2].Eligible(t0) || !s.Rows[2].Waiting() {
 		t.Fatalf("after requeue only segment 1 may be due: %+v", s.Rows)
 	}
@@ -228,7 +228,7 @@ func TestReadmeDiagramIsTheTable(t *testing.T) {
 func TestTransitionError_NamesStates(t *testing.T) {
 	now := time.Unix(1e9, 0)
 	rows := []queue.Delivery{{State: envelope.StateSent}, {State: envelope.StateBounced}, {State: envelope.StateDeadLetter}}
-	_, err := queue.Requeue(rows, now)
+	_, err := queue.Requeue(rows, send, now)
 	var te *queue.TransitionError
 	if !errors.Is(err, queue.ErrInvalidTransition) || !errors.As(err, &te) {
 		t.Fatalf("Requeue of a bounced envelope = %v", err)
@@ -261,5 +261,22 @@ func TestRecordGone(t *testing.T) {
 	seam.ToPending = true
 	if st, err := queue.RecordGone([]queue.Delivery{seam}, 0, now); err != nil || st.Rows[0].State != envelope.StatePending {
 		t.Fatalf("RecordGone of a seam lease = %+v, %v", st, err)
+	}
+}
+
+// send is the verdict of a claim that would lease the row.
+var send = queue.Verdict{State: envelope.StateSending}
+
+// A requeue that a claim would only end again is refused, with the reason.
+func TestRequeue_RefusedWhenItWouldEndAgain(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	rows := []queue.Delivery{{State: envelope.StateSuppressed, Class: envelope.ClassBlockedByUser}}
+	_, err := queue.Requeue(rows, queue.Verdict{State: envelope.StateSuppressed, Class: envelope.ClassBlockedByUser}, now)
+	var te *queue.TransitionError
+	if !errors.As(err, &te) || te.Because != envelope.ClassBlockedByUser || !strings.Contains(err.Error(), "a claim now would end it suppressed (blocked_by_user): lift the suppression first") {
+		t.Fatalf("Requeue of a still blocked chat = %v", err)
+	}
+	if st, err := queue.Requeue(rows, send, now); err != nil || st.Rows[0].State != envelope.StatePending {
+		t.Fatalf("Requeue once the block is lifted = %+v, %v", st, err)
 	}
 }

@@ -139,6 +139,12 @@ func (q *Queue) cursor(p *queue.Page, tx *bolt.Tx) []byte {
 // operator applies fn to every segment of an envelope in an operator
 // transaction; fn returns whether it changed the row.
 func (q *Queue) operator(ctx context.Context, tenant, id string, f func(rows []queue.Delivery, now time.Time) (*queue.Step, error)) error {
+	return q.operatorTx(ctx, tenant, id, func(_ *bolt.Tx, _ []byte, _ *envRec, rows []queue.Delivery, now time.Time) (*queue.Step, error) {
+		return f(rows, now)
+	})
+}
+
+func (q *Queue) operatorTx(ctx context.Context, tenant, id string, f func(tx *bolt.Tx, ek []byte, e *envRec, rows []queue.Delivery, now time.Time) (*queue.Step, error)) error {
 	if tenant == "" {
 		tenant = envelope.DefaultTenant
 	}
@@ -153,7 +159,7 @@ func (q *Queue) operator(ctx context.Context, tenant, id string, f func(rows []q
 			return queue.ErrNotFound
 		}
 		now := q.opts.Now()
-		st, err := q.step(tx, ek, e, now, func(rows []queue.Delivery) (*queue.Step, error) { return f(rows, now) })
+		st, err := q.step(tx, ek, e, now, func(rows []queue.Delivery) (*queue.Step, error) { return f(tx, ek, e, rows, now) })
 		if err == nil {
 			wake = st.Wake
 		}
@@ -167,7 +173,22 @@ func (q *Queue) operator(ctx context.Context, tenant, id string, f func(rows []q
 
 // Requeue implements Store.
 func (q *Queue) Requeue(ctx context.Context, tenant, id string) error {
-	return q.operator(ctx, tenant, id, queue.Requeue)
+	return q.operatorTx(ctx, tenant, id, func(tx *bolt.Tx, ek []byte, e *envRec, rows []queue.Delivery, now time.Time) (*queue.Step, error) {
+		v := queue.RecordLost
+		if env, err := q.readEnvelope(ek, e); err == nil {
+			t, _ := splitEnvKey(ek)
+			c, found, err := q.consentFor(ctx, tx, t, e.User)
+			if err != nil {
+				return nil, err
+			}
+			addr, err := addressSupOf(tx, env)
+			if err != nil {
+				return nil, err
+			}
+			v = queue.Judge(env, c, found, addr, now)
+		}
+		return queue.Requeue(rows, v, now)
+	})
 }
 
 // Resolve implements Store.

@@ -152,7 +152,13 @@ func (s *Store) Counts(ctx context.Context, tenant string) (queue.Counts, error)
 // Requeue returns the envelope's dead_letter, unresolved, expired and
 // suppressed segments to pending (queue.Requeue). See queue.Store.
 func (s *Store) Requeue(ctx context.Context, tenant, id string) error {
-	return s.operator(ctx, tenant, id, queue.Requeue)
+	return s.operatorEnv(ctx, tenant, id, func(rec *envRec, rows []queue.Delivery, now time.Time) (*queue.Step, error) {
+		c, found, err := s.consentOf(ctx, rec.env.TenantID, rec.env.UserID)
+		if err != nil {
+			return nil, err
+		}
+		return queue.Requeue(rows, queue.Judge(rec.env, c, found, s.addressOf(rec.env), now), now)
+	})
 }
 
 // Resolve settles the envelope's unresolved segments as sent or retryable
@@ -167,6 +173,10 @@ func (s *Store) Resolve(ctx context.Context, tenant, id string, as envelope.Stat
 }
 
 func (s *Store) operator(ctx context.Context, tenant, id string, step func([]queue.Delivery, time.Time) (*queue.Step, error)) error {
+	return s.operatorEnv(ctx, tenant, id, func(_ *envRec, rows []queue.Delivery, now time.Time) (*queue.Step, error) { return step(rows, now) })
+}
+
+func (s *Store) operatorEnv(ctx context.Context, tenant, id string, step func(*envRec, []queue.Delivery, time.Time) (*queue.Step, error)) error {
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
@@ -176,7 +186,7 @@ func (s *Store) operator(ctx context.Context, tenant, id string, step func([]que
 		return queue.ErrNotFound
 	}
 	now := s.now()
-	st, err := step(rowsOf(rec), now)
+	st, err := step(rec, rowsOf(rec), now)
 	if err != nil {
 		return err
 	}

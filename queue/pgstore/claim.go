@@ -334,6 +334,12 @@ func (s *Store) withLease(ctx context.Context, op string, lease *queue.Lease, st
 // its effects, and signals Notify when the step says so; missing is the
 // error for an envelope that is not there.
 func (s *Store) change(ctx context.Context, op string, k envKey, missing error, step func([]queue.Delivery, time.Time) (*queue.Step, error)) error {
+	return s.changeLoaded(ctx, op, k, missing, func(_ pgx.Tx, l *loaded, now time.Time) (*queue.Step, error) { return step(l.rows, now) })
+}
+
+// changeLoaded is change for a step that needs the envelope (l) and the
+// transaction.
+func (s *Store) changeLoaded(ctx context.Context, op string, k envKey, missing error, step func(pgx.Tx, *loaded, time.Time) (*queue.Step, error)) error {
 	wake := false
 	err := s.inTx(ctx, op, func(tx pgx.Tx) error {
 		l, err := s.lockOne(ctx, tx, k)
@@ -344,7 +350,7 @@ func (s *Store) change(ctx context.Context, op string, k envKey, missing error, 
 			return missing
 		}
 		now := s.now()
-		st, err := step(l.rows, now)
+		st, err := step(tx, l, now)
 		if err != nil {
 			return err
 		}

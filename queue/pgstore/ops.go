@@ -166,7 +166,17 @@ func (s *Store) Counts(ctx context.Context, tenant string) (queue.Counts, error)
 // Requeue returns the envelope's dead_letter, unresolved, expired and
 // suppressed segments to pending (queue.Requeue). See queue.Store.
 func (s *Store) Requeue(ctx context.Context, tenant, id string) error {
-	return s.change(ctx, "requeue", envKey{tenantOr(tenant), id}, queue.ErrNotFound, queue.Requeue)
+	return s.changeLoaded(ctx, "requeue", envKey{tenantOr(tenant), id}, queue.ErrNotFound, func(tx pgx.Tx, l *loaded, now time.Time) (*queue.Step, error) {
+		e, err := l.envelope()
+		if err != nil {
+			return nil, err
+		}
+		c, found, err := s.newConsents().get(ctx, tx, l.key.tenant, l.userID)
+		if err != nil {
+			return nil, err
+		}
+		return queue.Requeue(l.rows, queue.Judge(e, c, found, l.addr, now), now)
+	})
 }
 
 // Resolve settles the envelope's unresolved segments as sent or retryable

@@ -499,6 +499,15 @@ func (g *diffGen) operator(r *diffRun, kind string) diffOp {
 	default:
 		k = pair{oneOf(g, envelope.DefaultTenant, "acme"), "no-such-id"}
 	}
+	// A requeue that consent still refuses is refused; half the time,
+	// grant the user's consent first, so that requeues of suppressed
+	// envelopes also go through.
+	if e, ok := r.model.envs[k]; ok && kind == "requeue" && !slices.Contains(g.excluded, "consent") && g.chance(0.5) {
+		if ok, _ := r.model.allows(e.env); !ok {
+			return &opAdmin{what: "consent", tenant: k.a, id: e.env.UserID,
+				flags: queue.ConsentFlags{DigestEnabled: true, PushEnabled: true, EmailVerified: true, Cadence: "weekly"}}
+		}
+	}
 	op := &opAdmin{what: kind, tenant: g.tenantName(k.a), id: k.b}
 	if kind == "resolve" {
 		op.as = oneOf(g, envelope.StateSent, envelope.StateSent, envelope.StateRetryable, envelope.StateRetryable, envelope.StateDeadLetter, "")

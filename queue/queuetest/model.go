@@ -703,6 +703,13 @@ func (m *model) Requeue(ctx context.Context, tenant, id string) error {
 	if first == len(e.rows) || !requeueable(e.rows[first].state) {
 		return fmt.Errorf("model: requeue: %w", queue.ErrInvalidTransition)
 	}
+	// Refused when a claim now would only end it again.
+	if x := e.env.ExpiresAt; !x.IsZero() && !now.Before(x) {
+		return fmt.Errorf("model: requeue of an expired envelope: %w", queue.ErrInvalidTransition)
+	}
+	if ok, _ := m.allows(e.env); !ok {
+		return fmt.Errorf("model: requeue refused by consent: %w", queue.ErrInvalidTransition)
+	}
 	for _, r := range e.rows[first:] {
 		if requeueable(r.state) {
 			r.state, r.updated, r.due, r.base = envelope.StatePending, now, time.Time{}, r.attempts

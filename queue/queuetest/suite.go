@@ -61,6 +61,7 @@ func Exercise(t *testing.T, h Harness) {
 		{"ExpiresAt", testExpiresAt},
 		{"EnqueueExpired", testEnqueueExpired},
 		{"ConsentReOptIn", testConsentReOptIn},
+		{"RequeueStillSuppressed", testRequeueStillSuppressed},
 		{"ClaimOrder", testClaimOrder},
 		{"ClaimFilters", testClaimFilters},
 		{"ClaimRequestValidation", testClaimValidation},

@@ -545,3 +545,30 @@ func testConsentReOptIn(t *testing.T, h Harness) {
 	wantErr(t, f.s.LiftSuppression(f.ctx, dflt, "u-1", envelope.ChannelPush, ""), queue.ErrNotFound, "LiftSuppression with nothing to lift")
 	wantErr(t, f.s.LiftSuppression(f.ctx, dflt, "", envelope.ChannelPush, ""), queue.ErrNoUser, "LiftSuppression without a user")
 }
+
+// A row suppressed because the user blocked the chat is not requeued
+// while the block stands (it would only be suppressed again at claim):
+// the refusal says why; once an operator lifts the block, it is.
+func testRequeueStillSuppressed(t *testing.T, h Harness) {
+	f := setup(t, h)
+	f.enqueue(Reply("r", "u-1", "hi"))
+	block := queue.Suppression{Channel: envelope.ChannelTelegram, Reason: envelope.ClassBlockedByUser, At: T0}
+	if err := f.s.Suppress(f.ctx, dflt, "u-1", block); err != nil {
+		t.Fatal(err)
+	}
+	f.noClaim("a blocked chat")
+	f.wantState(dflt, "r", 0, envelope.StateSuppressed, envelope.ClassBlockedByUser)
+	err := f.s.Requeue(f.ctx, dflt, "r")
+	var te *queue.TransitionError
+	if !errors.Is(err, queue.ErrInvalidTransition) || !errors.As(err, &te) || te.Because != envelope.ClassBlockedByUser {
+		t.Fatalf("Requeue while the block stands = %v, want a TransitionError naming blocked_by_user", err)
+	}
+	f.wantState(dflt, "r", 0, envelope.StateSuppressed, envelope.ClassBlockedByUser)
+	if err := f.s.LiftSuppression(f.ctx, dflt, "u-1", envelope.ChannelTelegram, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.s.Requeue(f.ctx, dflt, "r"); err != nil {
+		t.Fatalf("Requeue after the lift = %v", err)
+	}
+	f.claimOne("r")
+}

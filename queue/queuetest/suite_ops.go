@@ -143,16 +143,18 @@ func testRequeue(t *testing.T, h Harness) {
 	}
 	f.claimOne("n")
 
-	// expired → pending.
+	// expired: a requeue would only expire it again, so it is refused,
+	// saying why.
 	x := Reply("x", "u-1", "soon stale")
 	x.ExpiresAt = f.clock.Now().Add(time.Minute)
 	f.enqueue(x)
 	f.clock.Advance(time.Minute)
 	f.noClaim("past expires_at")
-	if err := f.s.Requeue(f.ctx, dflt, "x"); err != nil {
-		t.Fatal(err)
+	var te *queue.TransitionError
+	if err := f.s.Requeue(f.ctx, dflt, "x"); !errors.As(err, &te) || te.Because != envelope.ClassExpired {
+		t.Fatalf("Requeue of an expired envelope = %v, want a refusal naming expired", err)
 	}
-	f.wantState(dflt, "x", 0, envelope.StatePending, "-")
+	f.wantState(dflt, "x", 0, envelope.StateExpired, envelope.ClassExpired)
 
 	// A chat reply: the requeued segment goes first, later ones wait.
 	f.replyOf("rp", "u-3", 3)
