@@ -107,7 +107,10 @@ type Store interface {
 	// first segment not sent is due now, the later ones wait their turn
 	// (attempts, the last class and history are kept). It returns
 	// ErrInvalidTransition when the first segment not sent is in none of
-	// those states (nothing to requeue, or its recipient is gone).
+	// those states (nothing to requeue, or its recipient is gone), and a
+	// *TransitionError naming the reason when a claim now would only end
+	// it again (consent still refuses it, it is past expires_at: an expired
+	// envelope is never sent again, its record is gone).
 	Requeue(ctx context.Context, tenant, id string) error
 	// Resolve settles an envelope's unresolved segments as sent or
 	// retryable (as must be StateSent or StateRetryable, checked first).

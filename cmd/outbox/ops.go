@@ -439,7 +439,7 @@ func init() {
 			}
 			return exitOK
 		}, nil))
-	register(opCommand("requeue", "return a dead-lettered, unresolved, expired or suppressed envelope to pending", "ID",
+	register(opCommand("requeue", "return a dead-lettered, unresolved or suppressed envelope to pending (refused, with the reason, while consent refuses it)", "ID",
 		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
 			if !needArgs(e, args, 1, "requeue ID") {
 				return exitUsage
