@@ -1,7 +1,11 @@
 package queue
 
 import (
+	"encoding/base64"
+	"errors"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/outboxhq/outbox/envelope"
 )
@@ -36,4 +40,31 @@ func PageLimit(f ListFilter) int {
 		return 50
 	}
 	return min(f.Limit, 1000)
+}
+
+// ErrBadCursor is a List cursor that no page handed out.
+var ErrBadCursor = errors.New("queue: invalid list cursor")
+
+// EncodeCursor is the List cursor after row (seq, seg) of a store that
+// orders envelopes by a sequence number (memstore, pgstore).
+func EncodeCursor(seq uint64, seg int) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatUint(seq, 10) + "." + strconv.Itoa(seg)))
+}
+
+// DecodeCursor reads an EncodeCursor cursor (ErrBadCursor otherwise).
+func DecodeCursor(c string) (uint64, int, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return 0, 0, ErrBadCursor
+	}
+	a, z, ok := strings.Cut(string(b), ".")
+	if !ok {
+		return 0, 0, ErrBadCursor
+	}
+	seq, err1 := strconv.ParseUint(a, 10, 64)
+	seg, err2 := strconv.Atoi(z)
+	if err1 != nil || err2 != nil || seg < 0 {
+		return 0, 0, ErrBadCursor
+	}
+	return seq, seg, nil
 }

@@ -67,7 +67,7 @@ func (q *Queue) List(ctx context.Context, f queue.ListFilter) (*queue.Page, erro
 	if f.Cursor != "" {
 		b, err := base64.RawURLEncoding.DecodeString(f.Cursor)
 		if err != nil || len(b) != 12 {
-			return nil, fmt.Errorf("queue: bad list cursor")
+			return nil, queue.ErrBadCursor
 		}
 		after = b
 	}

@@ -235,13 +235,6 @@ func (a *api) listEnvelopes(w http.ResponseWriter, r *http.Request) error {
 	}
 	page, err := a.cfg.Store.List(r.Context(), f)
 	if err != nil {
-		// The stores report a malformed cursor with an unexported error;
-		// anything but a closed store or a cancelled request is that.
-		if f.Cursor != "" {
-			if _, unexpected := errorFor(err); unexpected {
-				return errBadCursor
-			}
-		}
 		return err
 	}
 	if page.Rows == nil {

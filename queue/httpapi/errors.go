@@ -106,6 +106,8 @@ func errorFor(err error) (*apiError, bool) {
 			index = ee.Index
 		}
 		return invalidEnvelope(index, ve), false
+	case errors.Is(err, queue.ErrBadCursor):
+		return errBadCursor, false
 	case errors.Is(err, queue.ErrNotFound):
 		return newError(http.StatusNotFound, CodeNotFound, "not found"), false
 	case errors.As(err, &te):

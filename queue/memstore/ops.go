@@ -2,11 +2,7 @@ package memstore
 
 import (
 	"context"
-	"encoding/base64"
-	"errors"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
@@ -41,29 +37,6 @@ func (s *Store) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStat
 	return st, nil
 }
 
-var errBadCursor = errors.New("queue: invalid list cursor")
-
-func encodeCursor(seq uint64, seg int) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatUint(seq, 10) + "." + strconv.Itoa(seg)))
-}
-
-func decodeCursor(c string) (uint64, int, error) {
-	b, err := base64.RawURLEncoding.DecodeString(c)
-	if err != nil {
-		return 0, 0, errBadCursor
-	}
-	a, z, ok := strings.Cut(string(b), ".")
-	if !ok {
-		return 0, 0, errBadCursor
-	}
-	seq, err1 := strconv.ParseUint(a, 10, 64)
-	seg, err2 := strconv.Atoi(z)
-	if err1 != nil || err2 != nil || seg < 0 {
-		return 0, 0, errBadCursor
-	}
-	return seq, seg, nil
-}
-
 // List returns the rows matching f in enqueue order (then segment order),
 // at most f.Limit (default 50, at most 1000) per page. See queue.Store.
 func (s *Store) List(ctx context.Context, f queue.ListFilter) (*queue.Page, error) {
@@ -73,7 +46,7 @@ func (s *Store) List(ctx context.Context, f queue.ListFilter) (*queue.Page, erro
 	)
 	if f.Cursor != "" {
 		var err error
-		if cseq, cseg, err = decodeCursor(f.Cursor); err != nil {
+		if cseq, cseg, err = queue.DecodeCursor(f.Cursor); err != nil {
 			return nil, err
 		}
 	}
@@ -108,7 +81,7 @@ func (s *Store) List(ctx context.Context, f queue.ListFilter) (*queue.Page, erro
 			if len(page.Rows) == limit {
 				last := page.Rows[limit-1]
 				lastRec := s.envs[envKey{last.Key.Tenant, last.Key.EnvelopeID}]
-				page.Next = encodeCursor(lastRec.seq, last.Key.Segment)
+				page.Next = queue.EncodeCursor(lastRec.seq, last.Key.Segment)
 				return page, nil
 			}
 			page.Rows = append(page.Rows, queue.Row{

@@ -106,7 +106,7 @@ const consentCols = `digest_enabled, push_enabled, email_verified, cadence, supp
 
 func scanConsent(r pgx.Row, pre ...any) (queue.Consent, error) {
 	var (
-		c   queue.Consent
+		c         queue.Consent
 		sup, hist []byte
 		upd       int64
 	)

@@ -55,7 +55,7 @@ func ours(err error) bool {
 	for _, s := range []error{
 		queue.ErrClosed, queue.ErrStaleFence, queue.ErrLeaseLost, queue.ErrInvalidTransition,
 		queue.ErrNotFound, queue.ErrNoUser, queue.ErrCrossTenant, queue.ErrConsentDenied,
-		errBadCursor, ErrSchemaNewer, ErrNotMigrated, ErrBadURL,
+		queue.ErrBadCursor, ErrSchemaNewer, ErrNotMigrated, ErrBadURL,
 	} {
 		if errors.Is(err, s) {
 			return true

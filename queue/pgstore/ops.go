@@ -2,10 +2,7 @@ package pgstore
 
 import (
 	"context"
-	"encoding/base64"
-	"errors"
-	"strconv"
-	"strings"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -53,29 +50,6 @@ func (s *Store) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStat
 	return st, nil
 }
 
-var errBadCursor = errors.New("queue: invalid list cursor")
-
-func encodeCursor(seq int64, seg int) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(seq, 10) + "." + strconv.Itoa(seg)))
-}
-
-func decodeCursor(c string) (int64, int, error) {
-	b, err := base64.RawURLEncoding.DecodeString(c)
-	if err != nil {
-		return 0, 0, errBadCursor
-	}
-	a, z, ok := strings.Cut(string(b), ".")
-	if !ok {
-		return 0, 0, errBadCursor
-	}
-	seq, err1 := strconv.ParseInt(a, 10, 64)
-	seg, err2 := strconv.Atoi(z)
-	if err1 != nil || err2 != nil || seq < 0 || seg < 0 {
-		return 0, 0, errBadCursor
-	}
-	return seq, seg, nil
-}
-
 // List returns the rows matching f in enqueue order (then segment order),
 // at most f.Limit (default 50, at most 1000) per page. See queue.Store.
 func (s *Store) List(ctx context.Context, f queue.ListFilter) (*queue.Page, error) {
@@ -84,10 +58,11 @@ func (s *Store) List(ctx context.Context, f queue.ListFilter) (*queue.Page, erro
 		cseg = -1
 	)
 	if f.Cursor != "" {
-		var err error
-		if cseq, cseg, err = decodeCursor(f.Cursor); err != nil {
-			return nil, err
+		u, seg, err := queue.DecodeCursor(f.Cursor)
+		if err != nil || u > math.MaxInt64 {
+			return nil, queue.ErrBadCursor
 		}
+		cseq, cseg = int64(u), seg
 	}
 	limit := queue.PageLimit(f)
 	page := &queue.Page{Rows: []queue.Row{}}
@@ -113,7 +88,7 @@ func (s *Store) List(ctx context.Context, f queue.ListFilter) (*queue.Page, erro
 			}
 			if len(page.Rows) == limit {
 				last := page.Rows[limit-1]
-				page.Next = encodeCursor(lastSeq, last.Key.Segment)
+				page.Next = queue.EncodeCursor(uint64(lastSeq), last.Key.Segment)
 				break
 			}
 			r.Channel, r.State, r.Class, r.UpdatedAt = envelope.Channel(ch), envelope.State(state), envelope.ErrorClass(class), timeNs(upd)

@@ -493,6 +493,7 @@ var diffErrors = []struct {
 	{"ErrCrossTenant", queue.ErrCrossTenant},
 	{"ErrConsentDenied", queue.ErrConsentDenied},
 	{"ErrExpired", queue.ErrExpired},
+	{"ErrBadCursor", queue.ErrBadCursor},
 	{"ErrInvalidTransition", queue.ErrInvalidTransition},
 	{"ErrNotFound", queue.ErrNotFound},
 	{"ErrInvalid", envelope.ErrInvalid},

@@ -613,7 +613,7 @@ func parseModelCursor(c string) (uint64, int, error) {
 			return seq, seg, nil
 		}
 	}
-	return 0, 0, errors.New("model: bad list cursor")
+	return 0, 0, fmt.Errorf("model: %w", queue.ErrBadCursor)
 }
 
 // List pages through the rows in enqueue order, then segment order.

@@ -363,8 +363,8 @@ func testList(t *testing.T, h Harness) {
 		t.Fatalf("List(pending telegram default) = %v", got)
 	}
 
-	if _, err := f.s.List(f.ctx, queue.ListFilter{Cursor: "%%% not a cursor %%%"}); err == nil {
-		t.Fatal("List with a malformed cursor succeeded")
+	if _, err := f.s.List(f.ctx, queue.ListFilter{Cursor: "%%% not a cursor %%%"}); !errors.Is(err, queue.ErrBadCursor) {
+		t.Fatalf("List with a malformed cursor = %v, want ErrBadCursor", err)
 	}
 }
 
