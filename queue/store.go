@@ -85,9 +85,11 @@ type Store interface {
 	// the limit. Oldest lease end first, then enqueue order.
 	Recover(ctx context.Context, req ClaimRequest) ([]*Lease, error)
 
-	// NextDue returns the earliest time at which a row becomes eligible or
-	// a lease expires, or the zero time when nothing is waiting.
-	NextDue(ctx context.Context) (time.Time, error)
+	// NextDue returns the earliest time at which a row that f admits
+	// becomes eligible or its lease expires, or the zero time when nothing
+	// is waiting. A worker passes its tenant and channels, so that rows it
+	// cannot take do not hide its own.
+	NextDue(ctx context.Context, f DueFilter) (time.Time, error)
 
 	// Notify returns a channel that receives a value (coalesced) whenever
 	// something may have become claimable: an enqueue, an ingested append,
@@ -233,6 +235,12 @@ type EnqueueResult struct {
 	ID        string `json:"id"`
 	Duplicate bool   `json:"duplicate"`
 	Segments  int    `json:"segments"`
+}
+
+// DueFilter narrows NextDue to the rows one claimer could take.
+type DueFilter struct {
+	Tenant   string             // "" = every tenant
+	Channels []envelope.Channel // empty = every channel
 }
 
 // ClaimRequest says what to lease.

@@ -409,25 +409,56 @@ func (q *Queue) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 }
 
 // NextDue implements Store.
-func (q *Queue) NextDue(ctx context.Context) (time.Time, error) {
+func (q *Queue) NextDue(ctx context.Context, f queue.DueFilter) (time.Time, error) {
 	var min int64
 	err := q.view(func(tx *bolt.Tx) error {
-		_ = tx.Bucket(bktDue).ForEachBucket(func(name []byte) error {
-			if k, _ := tx.Bucket(bktDue).Bucket(name).Cursor().First(); k != nil {
+		if err := q.dueBuckets(tx, f.Tenant, f.Channels, func(_ []byte, b *bolt.Bucket) {
+			if k, _ := b.Cursor().First(); k != nil {
 				if v := int64(beUint64(k[:8])); min == 0 || v < min {
 					min = v
 				}
 			}
-			return nil
-		})
-		if k, _ := tx.Bucket(bktLeases).Cursor().First(); k != nil {
-			if v := int64(beUint64(k[:8])); min == 0 || v < min {
+		}); err != nil {
+			return err
+		}
+		// Leases in lease-end order: the first one f admits.
+		c := tx.Bucket(bktLeases).Cursor()
+		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+			v := int64(beUint64(k[:8]))
+			if min != 0 && v >= min {
+				break
+			}
+			ok, err := admits(tx, f, k[8:])
+			if err != nil {
+				return err
+			}
+			if ok {
 				min = v
+				break
 			}
 		}
 		return nil
 	})
 	return fromNano(min), err
+}
+
+// admits reports whether the row keyed rk is of f's tenant and channels.
+func admits(tx *bolt.Tx, f queue.DueFilter, rk []byte) (bool, error) {
+	if f.Tenant == "" && len(f.Channels) == 0 {
+		return true, nil
+	}
+	ek, _ := splitRowKey(rk)
+	if tenant, _ := splitEnvKey(ek); f.Tenant != "" && tenant != f.Tenant {
+		return false, nil
+	}
+	if len(f.Channels) == 0 {
+		return true, nil
+	}
+	e, err := getEnv(tx, ek)
+	if err != nil || e == nil {
+		return false, err
+	}
+	return containsChannel(f.Channels, e.Channel), nil
 }
 
 // anyDue reports whether a row matching req is due now (read only).

@@ -190,18 +190,30 @@ func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 
 // NextDue returns the earliest due time of an eligible row or lease expiry
 // of a sending row; the zero time when there is none. See queue.Store.
-func (s *Store) NextDue(ctx context.Context) (time.Time, error) {
+func (s *Store) NextDue(ctx context.Context, f queue.DueFilter) (time.Time, error) {
 	if err := s.lock(ctx); err != nil {
 		return time.Time{}, err
 	}
 	defer s.mu.Unlock()
+	req := queue.ClaimRequest{Tenant: f.Tenant, Channels: f.Channels}
 	var next time.Time
-	if e := s.top(); e != nil {
+	earlier := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	if e := s.top(); e != nil && matches(&req, e.r) {
 		next = e.due
+	} else if e != nil {
+		for _, e := range s.sched { // a filter the earliest row fails: look at them all
+			if e.valid() && matches(&req, e.r) {
+				earlier(e.due)
+			}
+		}
 	}
 	for r := range s.leased {
-		if next.IsZero() || r.LeaseEnd.Before(next) {
-			next = r.LeaseEnd
+		if matches(&req, r) {
+			earlier(r.LeaseEnd)
 		}
 	}
 	return next, nil

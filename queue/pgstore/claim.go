@@ -473,16 +473,18 @@ func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 	return leases, nil
 }
 
-// NextDue returns the earliest due time of a row waiting to be claimed or
-// lease end of a sending row; the zero time when there is none.
-func (s *Store) NextDue(ctx context.Context) (time.Time, error) {
+// NextDue returns the earliest due time of a row f admits waiting to be
+// claimed, or lease end of such a sending row; the zero time when there is
+// none.
+func (s *Store) NextDue(ctx context.Context, f queue.DueFilter) (time.Time, error) {
 	if err := s.check(ctx); err != nil {
 		return time.Time{}, err
 	}
 	var n *int64
 	err := s.pool.QueryRow(ctx, s.sql(`SELECT least(
-		(SELECT min(wake_ns) FROM {s}.deliveries WHERE lane = 1),
-		(SELECT min(wake_ns) FROM {s}.deliveries WHERE lane = 2))`)).Scan(&n)
+		(SELECT min(wake_ns) FROM {s}.deliveries WHERE lane = 1 AND ($1 = '' OR tenant = $1) AND (cardinality($2::text[]) = 0 OR channel = ANY($2))),
+		(SELECT min(wake_ns) FROM {s}.deliveries WHERE lane = 2 AND ($1 = '' OR tenant = $1) AND (cardinality($2::text[]) = 0 OR channel = ANY($2))))`),
+		f.Tenant, channelsOf(&queue.ClaimRequest{Channels: f.Channels})).Scan(&n)
 	if err != nil {
 		return time.Time{}, safeErr("next due", err)
 	}

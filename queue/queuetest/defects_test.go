@@ -23,6 +23,7 @@ const (
 	releaseCounts
 	requeueNoSuppressed
 	nextDueNoLeases
+	nextDueUnfiltered // NextDue ignores its filter: another tenant's or channel's rows hide a worker's own
 	countsAfterErase
 	staleAccepted
 	noExpireToPending
@@ -328,9 +329,13 @@ func (b *brokenStore) Requeue(ctx context.Context, tenant, id string) error {
 	return err
 }
 
-func (b *brokenStore) NextDue(ctx context.Context) (time.Time, error) {
-	if b.flaw != nextDueNoLeases {
-		return b.Store.NextDue(ctx)
+func (b *brokenStore) NextDue(ctx context.Context, flt queue.DueFilter) (time.Time, error) {
+	switch b.flaw {
+	case nextDueUnfiltered:
+		return b.Store.NextDue(ctx, queue.DueFilter{})
+	case nextDueNoLeases:
+	default:
+		return b.Store.NextDue(ctx, flt)
 	}
 	// The earliest due row, leases left out.
 	var next time.Time

@@ -599,6 +599,15 @@ func (p *party) took(ls []*queue.Lease, err error) []line {
 }
 
 // The filtered listings, one per step in turn.
+// dueFilters are the NextDue filters every observation compares: none, a
+// tenant, channels, and both.
+var dueFilters = []queue.DueFilter{
+	{},
+	{Tenant: "acme"},
+	{Channels: []envelope.Channel{envelope.ChannelPush}},
+	{Tenant: envelope.DefaultTenant, Channels: []envelope.Channel{envelope.ChannelTelegram, envelope.ChannelEmail}},
+}
+
 var diffListFilters = []queue.ListFilter{
 	{Limit: 2},
 	{Tenant: envelope.DefaultTenant, Limit: 3},
@@ -720,11 +729,13 @@ func (r *diffRun) observe(p *party, step int) []line {
 		c, err := s.Counts(ctx, tenant)
 		add("Counts("+tenant+")", countsText(c, err))
 	}
-	due, err := s.NextDue(ctx)
-	if err != nil {
-		add("NextDue", errText(err))
-	} else {
-		add("NextDue", at(due))
+	for _, f := range dueFilters {
+		name := fmt.Sprintf("NextDue(%s,%v)", f.Tenant, f.Channels)
+		if due, err := s.NextDue(ctx, f); err != nil {
+			add(name, errText(err))
+		} else {
+			add(name, at(due))
+		}
 	}
 	return append(out, r.observeFacts(s, "")...)
 }
@@ -1159,7 +1170,7 @@ func (opClose) apply(r *diffRun, p *party) []line {
 		{"Commit", func() error { return s.Commit(ctx, l, queue.Outcome{State: envelope.StateSent}) }},
 		{"Release", func() error { return s.Release(ctx, l) }},
 		{"Recover", func() error { _, err := s.Recover(ctx, req); return err }},
-		{"NextDue", func() error { _, err := s.NextDue(ctx); return err }},
+		{"NextDue", func() error { _, err := s.NextDue(ctx, queue.DueFilter{}); return err }},
 		{"Get", func() error { _, err := s.Get(ctx, "", "r-1"); return err }},
 		{"List", func() error { _, err := s.List(ctx, queue.ListFilter{}); return err }},
 		{"Counts", func() error { _, err := s.Counts(ctx, ""); return err }},

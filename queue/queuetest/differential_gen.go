@@ -188,7 +188,7 @@ func (g *diffGen) build(r *diffRun, kind string) diffOp {
 		return &opRelease{ref: ref}
 	case "advance":
 		// Half the time to the next due time or lease end, when later.
-		if due, _ := r.model.NextDue(r.ctx); due.After(now) && g.chance(0.5) {
+		if due, _ := r.model.NextDue(r.ctx, queue.DueFilter{}); due.After(now) && g.chance(0.5) {
 			return &opAdvance{d: due.Sub(now)}
 		}
 		return &opAdvance{d: oneOf(g,

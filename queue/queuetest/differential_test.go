@@ -112,6 +112,7 @@ func TestDifferential_Catches(t *testing.T) {
 		// goes through only once its suppression is lifted, which random
 		// sequences seldom reach.
 		{"NextDue ignores lease expiry", broken(nextDueNoLeases)},
+		{"NextDue ignores its filter", broken(nextDueUnfiltered)},
 		{"Counts off by one after Erase", broken(countsAfterErase)},
 		{"a stale commit reports success", broken(staleAccepted)},
 		{"ExpireToPending ignored", broken(noExpireToPending)},

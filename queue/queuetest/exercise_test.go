@@ -28,6 +28,7 @@ var suiteDefects = []struct {
 	{"release-counts", broken(releaseCounts), "Release"},
 	{"requeue-no-suppressed", broken(requeueNoSuppressed), "Requeue"},
 	{"nextdue-no-leases", broken(nextDueNoLeases), "NextDue"},
+	{"nextdue-unfiltered", broken(nextDueUnfiltered), "NextDueFilter"},
 	{"counts-after-erase", broken(countsAfterErase), "Erase"},
 	{"stale-accepted", broken(staleAccepted), "StaleFence"},
 	{"no-expire-to-pending", broken(noExpireToPending), "ExpireToPending"},

@@ -546,9 +546,9 @@ func (m *model) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 	return out, nil
 }
 
-// NextDue is the earliest due time of a row that waits for nothing but
-// time, or lease end of a sending row.
-func (m *model) NextDue(ctx context.Context) (time.Time, error) {
+// NextDue is the earliest due time of a row f admits that waits for
+// nothing but time, or lease end of such a sending row.
+func (m *model) NextDue(ctx context.Context, f queue.DueFilter) (time.Time, error) {
 	if err := m.check(ctx); err != nil {
 		return time.Time{}, err
 	}
@@ -559,6 +559,9 @@ func (m *model) NextDue(ctx context.Context) (time.Time, error) {
 		}
 	}
 	for _, e := range m.envs {
+		if (f.Tenant != "" && e.env.TenantID != f.Tenant) || (len(f.Channels) > 0 && !slices.Contains(f.Channels, e.env.Channel)) {
+			continue
+		}
 		for i, r := range e.rows {
 			switch {
 			case e.scheduled(i):

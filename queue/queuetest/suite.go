@@ -89,6 +89,7 @@ func Exercise(t *testing.T, h Harness) {
 		{"ListLimits", testListLimits},
 		{"Counts", testCounts},
 		{"NextDue", testNextDue},
+		{"NextDueFilter", testNextDueFilter},
 		{"Notify", testNotify},
 		{"ConsentRecords", testConsentRecords},
 		{"Erase", testErase},
@@ -262,7 +263,7 @@ func (f *fixture) wantNotFound(tenant, id string) {
 
 func (f *fixture) nextDue() time.Time {
 	f.t.Helper()
-	d, err := f.s.NextDue(f.ctx)
+	d, err := f.s.NextDue(f.ctx, queue.DueFilter{})
 	if err != nil {
 		f.t.Fatalf("NextDue: %v", err)
 	}

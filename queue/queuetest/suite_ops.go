@@ -477,6 +477,48 @@ func testNextDue(t *testing.T, h Harness) {
 	f.wantNextDue(time.Time{})
 }
 
+// NextDue with a filter sees only the rows of its tenant and channels:
+// rows due earlier elsewhere, waiting or leased, do not hide them.
+func testNextDueFilter(t *testing.T, h Harness) {
+	f := setup(t, h)
+	f.grant(dflt, "u-1")
+	f.grant("t2", "u-1")
+	due := func(flt queue.DueFilter, want time.Time) {
+		t.Helper()
+		got, err := f.s.NextDue(f.ctx, flt)
+		if err != nil {
+			t.Fatalf("NextDue(%+v): %v", flt, err)
+		}
+		if !got.Equal(want) {
+			t.Fatalf("NextDue(%+v) = %v, want %v", flt, got, want)
+		}
+	}
+	push, tg := queue.DueFilter{Channels: []envelope.Channel{envelope.ChannelPush}}, queue.DueFilter{Channels: []envelope.Channel{envelope.ChannelTelegram}}
+	t2 := queue.DueFilter{Tenant: "t2"}
+
+	f.enqueue(Reply("now", "u-1", "hi")) // default tenant, telegram, due at T0
+	nudge := Nudge("later", "u-1")
+	nudge.NotBefore = T0.Add(time.Hour)
+	r2 := Reply("t2-later", "u-1", "hi")
+	r2.TenantID, r2.NotBefore = "t2", T0.Add(2*time.Hour)
+	f.enqueue(nudge, r2)
+
+	due(queue.DueFilter{}, T0)
+	due(push, T0.Add(time.Hour))
+	due(tg, T0)
+	due(t2, T0.Add(2*time.Hour))
+	due(queue.DueFilter{Tenant: "t2", Channels: []envelope.Channel{envelope.ChannelPush}}, time.Time{})
+	due(queue.DueFilter{Tenant: dflt, Channels: []envelope.Channel{envelope.ChannelPush, envelope.ChannelEmail}}, T0.Add(time.Hour))
+
+	// A lease counts for its own tenant and channel only.
+	f.claimReq(queue.ClaimRequest{Owner: "worker-1", Lease: 3 * time.Hour, Limit: 1, Channels: []envelope.Channel{envelope.ChannelTelegram}})
+	due(tg, T0.Add(2*time.Hour)) // t2's reply is due before the lease ends
+	due(queue.DueFilter{Tenant: dflt, Channels: tg.Channels}, T0.Add(3*time.Hour))
+	due(push, T0.Add(time.Hour))
+	due(t2, T0.Add(2*time.Hour))
+	due(queue.DueFilter{Tenant: dflt}, T0.Add(time.Hour))
+}
+
 func testNotify(t *testing.T, h Harness) {
 	f := setup(t, h)
 	if f.s.Notify() == nil {
@@ -679,7 +721,7 @@ func testClose(t *testing.T, h Harness) {
 		"Commit":  func() error { return s.Commit(ctx, l, queue.Outcome{State: envelope.StateSent}) },
 		"Release": func() error { return s.Release(ctx, l) },
 		"Recover": func() error { _, err := s.Recover(ctx, req(1)); return err },
-		"NextDue": func() error { _, err := s.NextDue(ctx); return err },
+		"NextDue": func() error { _, err := s.NextDue(ctx, queue.DueFilter{}); return err },
 		"Get":     func() error { _, err := s.Get(ctx, dflt, "r"); return err },
 		"List":    func() error { _, err := s.List(ctx, queue.ListFilter{}); return err },
 		"Counts":  func() error { _, err := s.Counts(ctx, ""); return err },

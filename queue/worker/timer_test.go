@@ -424,3 +424,38 @@ func TestWorker_RetryDueDuringTurnClaimedAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// A row scheduled for later (not_before) beside a row no worker here can
+// claim (an e-mail without provider, due for ever): the loop's timer must
+// be armed for the scheduled row's due time at the latest, not for a
+// back-off from the unclaimable row that grows past it.
+func TestWorker_ScheduledRowClaimedWhenDueBesideUnclaimableRow(t *testing.T) {
+	for _, st := range timerStores {
+		t.Run(st.name, func(t *testing.T) {
+			clock := queuetest.NewClock(t0)
+			s := st.open(t, clock, queue.Backoff{Base: time.Second, NoJitter: true})
+			email, nudge := queuetest.Digest("d1", "u1"), queuetest.Nudge("n1", "u1")
+			// Between two of the back-off's steps (100, 300, 700 ms).
+			nudge.NotBefore = t0.Add(650 * time.Millisecond)
+			mustEnqueue(t, s, email, nudge)
+			tr := startTimerRun(t, clock, s, map[envelope.Channel]channels.Provider{envelope.ChannelPush: fake.New(envelope.ChannelPush)})
+
+			for step := 0; ; step++ {
+				if tr.checkTimer(t, fmt.Sprintf("step %d", step)).IsZero() {
+					break
+				}
+				if step > 20 {
+					t.Fatal("not claimed after 20 steps")
+				}
+				// The timer fires at what it is armed for; the turn then
+				// sees the clock there.
+				n := tr.starts.Load()
+				tr.clock.Set(tr.quiet(t))
+				waitFor(t, "the loop's timer to fire", func() bool { return tr.starts.Load() > n })
+			}
+			if seg := segment(t, s, keyOf(nudge, 0)); seg.State != envelope.StateSent {
+				t.Errorf("scheduled push row: %s, want sent", seg.State)
+			}
+		})
+	}
+}

@@ -415,7 +415,7 @@ func (w *Worker) nextWait(ctx context.Context, start time.Time, progress, satura
 		return wait // a finishing task wakes the loop
 	}
 	now := w.now()
-	due, err := w.store.NextDue(ctx)
+	due, err := w.store.NextDue(ctx, queue.DueFilter{Tenant: w.cfg.Tenant, Channels: w.channels})
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
