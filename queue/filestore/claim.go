@@ -374,7 +374,7 @@ func (q *Queue) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 				return err
 			}
 			if !leased {
-				q.m.seamExpired.Inc()
+				q.m.SeamExpired.Inc()
 				wake = true
 				continue
 			}
@@ -520,7 +520,7 @@ func (q *Queue) ReturnExpiredSeam(ctx context.Context) (int, error) {
 			if _, err := q.step(tx, ek, e, now, func(rows []queue.Delivery) (*queue.Step, error) { return queue.ExpireLease(rows, seg, now) }); err != nil {
 				return err
 			}
-			q.m.seamExpired.Inc()
+			q.m.SeamExpired.Inc()
 			n++
 		}
 		return nil

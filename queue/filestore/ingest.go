@@ -198,7 +198,7 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 				q.withdraw(w.rel, w.start, w.end)
 			}
 			q.unregister(items)
-			q.m.enqueueErrors.Inc()
+			q.m.EnqueueErrors.Inc()
 			if errors.Is(err, ErrSymlink) {
 				q.reportLink(rel, err)
 			}
@@ -255,9 +255,9 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 	for i, it := range items {
 		res[i] = queue.EnqueueResult{Tenant: it.env.TenantID, ID: it.env.ID, Duplicate: it.dup, Segments: it.segs}
 		if !it.dup {
-			q.m.enqueued.WithLabelValues(string(it.env.Channel)).Inc()
+			q.m.Enqueued.WithLabelValues(string(it.env.Channel)).Inc()
 		} else {
-			q.m.duplicates.Inc()
+			q.m.Duplicates.Inc()
 		}
 	}
 	return res, nil

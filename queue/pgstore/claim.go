@@ -465,7 +465,7 @@ func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 		return nil, err
 	}
 	if expired > 0 {
-		s.metrics.seamExpired.Add(float64(expired))
+		s.metrics.SeamExpired.Add(float64(expired))
 	}
 	if wake {
 		s.wake()

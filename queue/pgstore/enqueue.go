@@ -33,15 +33,15 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 	if err != nil {
 		var ee *queue.EnqueueError
 		if !errors.As(err, &ee) && !errors.Is(err, queue.ErrClosed) {
-			s.metrics.enqueueErrors.Inc()
+			s.metrics.EnqueueErrors.Inc()
 		}
 		return nil, err
 	}
 	for i, r := range res {
 		if r.Duplicate {
-			s.metrics.duplicates.Inc()
+			s.metrics.Duplicates.Inc()
 		} else {
-			s.metrics.enqueued.WithLabelValues(string(prep[i].Env.Channel)).Inc()
+			s.metrics.Enqueued.WithLabelValues(string(prep[i].Env.Channel)).Inc()
 		}
 	}
 	if created {
