@@ -347,29 +347,16 @@ func (p *Provider) wait(ctx context.Context, chatID string) error {
 // logResult writes one record per request: status, Telegram's error code
 // and the error class, never the chat, the text or the description.
 func (p *Provider) logResult(ctx context.Context, status, code int, err error) {
-	attrs := []slog.Attr{slog.String("operation", "deliver"), slog.Int("status", status)}
-	if code != 0 {
-		attrs = append(attrs, slog.Int("error_code", code))
-	}
-	if err == nil {
-		p.log.LogAttrs(ctx, slog.LevelDebug, "telegram message sent", attrs...)
-		return
-	}
-	de := envelope.Classify(err)
-	attrs = append(attrs, slog.String("kind", de.Kind.String()), slog.String("error_class", string(de.Class)))
-	if de.RetryAfter > 0 {
-		attrs = append(attrs, slog.Duration("retry_after", de.RetryAfter))
-	}
-	level := slog.LevelInfo
-	switch {
-	case de.Class == envelope.ClassAuthFailed:
-		level = slog.LevelWarn
-		attrs = append(attrs, slog.String("hint", "the Bot API refused the bot token: check the configured token (a revoked or mistyped token answers 401, a malformed one 404)"))
-	case errors.Is(err, errMigrated):
-		level = slog.LevelWarn
-		attrs = append(attrs, slog.String("hint", "the group became a supergroup: the app must send to the new chat id"))
-	}
-	p.log.LogAttrs(ctx, level, "telegram message failed", attrs...)
+	channels.LogRequest(ctx, p.log, "telegram message", channels.Request{Operation: "deliver", Status: status, CodeName: "error_code", Code: code}, err,
+		func(err error, de *envelope.DeliveryError) (slog.Level, string) {
+			switch {
+			case de.Class == envelope.ClassAuthFailed:
+				return slog.LevelWarn, "the Bot API refused the bot token: check the configured token (a revoked or mistyped token answers 401, a malformed one 404)"
+			case errors.Is(err, errMigrated):
+				return slog.LevelWarn, "the group became a supergroup: the app must send to the new chat id"
+			}
+			return slog.LevelInfo, ""
+		})
 }
 
 // chatLimiters keeps one limiter per chat, at most max of them, evicting

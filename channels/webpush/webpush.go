@@ -423,22 +423,13 @@ func drain(body io.ReadCloser) {
 
 // logResult writes one record for a send: operation, status and class only.
 func (p *Provider) logResult(ctx context.Context, op string, status int, err error) {
-	attrs := []slog.Attr{slog.String("operation", op), slog.Int("status", status)}
-	if err == nil {
-		p.log.LogAttrs(ctx, slog.LevelDebug, "push accepted", attrs...)
-		return
-	}
-	de := envelope.Classify(err)
-	attrs = append(attrs, slog.String("kind", de.Kind.String()), slog.String("error_class", string(de.Class)))
-	if de.RetryAfter > 0 {
-		attrs = append(attrs, slog.Duration("retry_after", de.RetryAfter))
-	}
-	if de.Class == envelope.ClassAuthFailed {
-		attrs = append(attrs, slog.String("hint", "the push service refused the VAPID credentials: check that "+
-			EnvPublicKey+"/"+EnvPrivateKey+" are the pair the browsers subscribed with (rotating them strands every subscription) "+
-			"and that the subscriber is a real mailto address or https URL, not localhost"))
-		p.log.LogAttrs(ctx, slog.LevelWarn, "push refused", attrs...)
-		return
-	}
-	p.log.LogAttrs(ctx, slog.LevelInfo, "push failed", attrs...)
+	channels.LogRequest(ctx, p.log, "push", channels.Request{Operation: op, Status: status}, err,
+		func(_ error, de *envelope.DeliveryError) (slog.Level, string) {
+			if de.Class == envelope.ClassAuthFailed {
+				return slog.LevelWarn, "the push service refused the VAPID credentials: check that " +
+					EnvPublicKey + "/" + EnvPrivateKey + " are the pair the browsers subscribed with (rotating them strands every subscription) " +
+					"and that the subscriber is a real mailto address or https URL, not localhost"
+			}
+			return slog.LevelInfo, ""
+		})
 }

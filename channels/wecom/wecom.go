@@ -462,25 +462,13 @@ func (a *app) drop(token wxapi.Secret) {
 // logResult writes one record: operation, status, errcode and class,
 // never a URL, a member, a text or errmsg.
 func (p *Provider) logResult(ctx context.Context, op string, status, code int, err error) {
-	attrs := []slog.Attr{slog.String("operation", op), slog.Int("status", status)}
-	if code != 0 {
-		attrs = append(attrs, slog.Int("errcode", code))
-	}
-	if err == nil {
-		p.log.LogAttrs(ctx, slog.LevelDebug, "wecom message sent", attrs...)
-		return
-	}
-	de := envelope.Classify(err)
-	attrs = append(attrs, slog.String("kind", de.Kind.String()), slog.String("error_class", string(de.Class)))
-	if de.RetryAfter > 0 {
-		attrs = append(attrs, slog.Duration("retry_after", de.RetryAfter))
-	}
-	level := slog.LevelInfo
-	if h := hint(code, de); h != "" {
-		level = slog.LevelWarn
-		attrs = append(attrs, slog.String("hint", h))
-	}
-	p.log.LogAttrs(ctx, level, "wecom "+op+" failed", attrs...)
+	channels.LogRequest(ctx, p.log, "wecom "+op, channels.Request{Operation: op, Status: status, CodeName: "errcode", Code: code}, err,
+		func(_ error, de *envelope.DeliveryError) (slog.Level, string) {
+			if h := hint(code, de); h != "" {
+				return slog.LevelWarn, h
+			}
+			return slog.LevelInfo, ""
+		})
 }
 
 // hint is the operator's next step for a configuration error.

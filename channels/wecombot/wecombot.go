@@ -261,28 +261,17 @@ func classify(r *wxapi.Result) error {
 	return envelope.Permanent(envelope.ClassInvalidRequest, r.Cause())
 }
 
+// logResult writes one record: status, errcode and class, never the key,
+// the text or errmsg.
 func (p *Provider) logResult(ctx context.Context, status, code int, err error) {
-	attrs := []slog.Attr{slog.String("operation", "deliver"), slog.Int("status", status)}
-	if code != 0 {
-		attrs = append(attrs, slog.Int("errcode", code))
-	}
-	if err == nil {
-		p.log.LogAttrs(ctx, slog.LevelDebug, "wecom robot message sent", attrs...)
-		return
-	}
-	de := envelope.Classify(err)
-	attrs = append(attrs, slog.String("kind", de.Kind.String()), slog.String("error_class", string(de.Class)))
-	if de.RetryAfter > 0 {
-		attrs = append(attrs, slog.Duration("retry_after", de.RetryAfter))
-	}
-	level := slog.LevelInfo
-	switch {
-	case code == wxapi.CodeRobotKey:
-		level = slog.LevelWarn
-		attrs = append(attrs, slog.String("hint", "WeCom refused the robot's key (93000): check its OUTBOX_WECOM_ROBOT_<NAME>_KEY (the robot may have been removed from the group)"))
-	case errors.Is(err, errUnknownRobot):
-		level = slog.LevelWarn
-		attrs = append(attrs, slog.String("hint", "the envelope names a robot that is not configured: set OUTBOX_WECOM_ROBOT_<NAME>_KEY for it"))
-	}
-	p.log.LogAttrs(ctx, level, "wecom robot message failed", attrs...)
+	channels.LogRequest(ctx, p.log, "wecom robot message", channels.Request{Operation: "deliver", Status: status, CodeName: "errcode", Code: code}, err,
+		func(err error, _ *envelope.DeliveryError) (slog.Level, string) {
+			switch {
+			case code == wxapi.CodeRobotKey:
+				return slog.LevelWarn, "WeCom refused the robot's key (93000): check its OUTBOX_WECOM_ROBOT_<NAME>_KEY (the robot may have been removed from the group)"
+			case errors.Is(err, errUnknownRobot):
+				return slog.LevelWarn, "the envelope names a robot that is not configured: set OUTBOX_WECOM_ROBOT_<NAME>_KEY for it"
+			}
+			return slog.LevelInfo, ""
+		})
 }

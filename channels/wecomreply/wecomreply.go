@@ -199,28 +199,19 @@ func (p *Provider) post(ctx context.Context, msg *envelope.Message) (code, statu
 	return r.ErrCode, r.Status, envelope.Permanent(envelope.ClassInvalidRequest, r.Cause())
 }
 
+// logResult writes one record: status, errcode and class, never the
+// response_url, the text or errmsg.
 func (p *Provider) logResult(ctx context.Context, status, code int, err error) {
-	attrs := []slog.Attr{slog.String("operation", "deliver"), slog.Int("status", status)}
-	if code != 0 {
-		attrs = append(attrs, slog.Int("errcode", code))
-	}
-	if err == nil {
-		p.log.LogAttrs(ctx, slog.LevelDebug, "wecom bot reply sent", attrs...)
-		return
-	}
-	de := envelope.Classify(err)
-	attrs = append(attrs, slog.String("kind", de.Kind.String()), slog.String("error_class", string(de.Class)))
-	level := slog.LevelInfo
-	switch {
-	case errors.Is(err, errSpent):
-		level = slog.LevelWarn
-		attrs = append(attrs, slog.String("hint", "this response_url was used already and is single use: the reply was not sent again"))
-	case errors.Is(err, errURL):
-		level = slog.LevelWarn
-		attrs = append(attrs, slog.String("hint", "the response_url is not https on an allowed host (OUTBOX_WECOM_BOT_REPLY_HOSTS)"))
-	case errors.Is(err, errLedger):
-		level = slog.LevelError
-		attrs = append(attrs, slog.String("hint", "the spent-URL ledger in the data directory cannot be written (disk full or read-only?)"))
-	}
-	p.log.LogAttrs(ctx, level, "wecom bot reply failed", attrs...)
+	channels.LogRequest(ctx, p.log, "wecom bot reply", channels.Request{Operation: "deliver", Status: status, CodeName: "errcode", Code: code}, err,
+		func(err error, _ *envelope.DeliveryError) (slog.Level, string) {
+			switch {
+			case errors.Is(err, errSpent):
+				return slog.LevelWarn, "this response_url was used already and is single use: the reply was not sent again"
+			case errors.Is(err, errURL):
+				return slog.LevelWarn, "the response_url is not https on an allowed host (OUTBOX_WECOM_BOT_REPLY_HOSTS)"
+			case errors.Is(err, errLedger):
+				return slog.LevelError, "the spent-URL ledger in the data directory cannot be written (disk full or read-only?)"
+			}
+			return slog.LevelInfo, ""
+		})
 }
