@@ -25,6 +25,7 @@
 //	DELETE /api/app/push/subscribe           {"endpoint"}
 //	GET    /api/app/push/vapid-key           {"public_key"}
 //	GET    /healthz, /readyz
+//	GET    /openapi.json                     this API's OpenAPI 3.1 description (openapi.json)
 //
 // Envelope ids may contain "/": escape them in paths (url.PathEscape).
 //

@@ -138,6 +138,14 @@ func (f *fixture) call(method, target, body string, opts ...reqOpt) *httptest.Re
 // serve is call without a fixture (fuzz targets may not use the
 // fixture's testing.F inside the fuzz function).
 func serve(h http.Handler, method, target, body string, opts ...reqOpt) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, request(method, target, body, opts...))
+	return w
+}
+
+// request is what serve serves: the bearer token and a JSON content type
+// unless opts change them.
+func request(method, target, body string, opts ...reqOpt) *http.Request {
 	r := httptest.NewRequest(method, target, strings.NewReader(body))
 	r.Header.Set("Authorization", "Bearer "+testToken)
 	if body != "" {
@@ -146,9 +154,7 @@ func serve(h http.Handler, method, target, body string, opts ...reqOpt) *httptes
 	for _, o := range opts {
 		o(r)
 	}
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	return w
+	return r
 }
 
 // enqueue posts envelopes (one object, or an array when several) and

@@ -93,6 +93,13 @@ type api struct {
 	tokenMAC []byte // HMAC of the configured token under tokenKey
 	leases   *leaseCache
 	inflight inflight // the bytes of request bodies in flight
+	served   []route  // what routes registered, in order (the OpenAPI tests read it)
+}
+
+// route is one registered pattern and who may call it.
+type route struct {
+	pattern string
+	access  access
 }
 
 // New returns the HTTP handler of the API described in the package
@@ -155,6 +162,7 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 func (a *api) routes() {
 	a.handle("GET /healthz", public, a.healthz)
 	a.handle("GET /readyz", public, a.readyz)
+	a.handle("GET /openapi.json", public, a.openapi)
 	if a.cfg.Token != "" {
 		a.handle("POST /v1/envelopes", tokenOnly, a.postEnvelopes)
 		a.handle("GET /v1/envelopes", tokenOnly, a.listEnvelopes)
@@ -212,6 +220,7 @@ func (a *api) noRoute(w http.ResponseWriter, r *http.Request) error {
 // names the route by its pattern, never by the request's path (which holds
 // ids and tokens).
 func (a *api) handle(pattern string, acc access, h handlerFunc) {
+	a.served = append(a.served, route{pattern, acc})
 	a.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rid := requestID()
