@@ -34,12 +34,25 @@ func (r *Renderer) commonEmail(e *envelope.Envelope) (commonView, error) {
 	if cadence == "" {
 		cadence = "weekly"
 	}
+	c := r.common()
+	c.UnsubscribeURL, c.Cadence = unsub, cadence
+	return c, nil
+}
+
+// common returns the view of the brand and the base URL, shared by every
+// rendering.
+func (r *Renderer) common() commonView {
+	b := r.brand
 	return commonView{
-		Product:        r.product,
+		Product:        b.Name,
 		BaseURL:        r.baseURL,
-		UnsubscribeURL: unsub,
-		Cadence:        cadence,
-	}, nil
+		Color:          b.Color,
+		ButtonText:     b.ButtonText(),
+		LinkColor:      b.LinkColor(),
+		LogoURL:        b.LogoURL,
+		Address:        b.Address,
+		PreferencesURL: b.PreferencesURL,
+	}
 }
 
 // digestEmail renders a your-week-digest.v1 e-mail.
@@ -57,6 +70,11 @@ func (r *Renderer) digestEmail(e *envelope.Envelope) (*envelope.Message, error) 
 		return nil, fmt.Errorf("%w: digest has no items", ErrPayload)
 	}
 	v.Preheader = v.Summary
+	// The digest payload has no URL of its own to act on; managing the
+	// digest is what a reader of it may want.
+	if v.PreferencesURL != "" {
+		v.CTAURL, v.CTALabel = v.PreferencesURL, "Manage your digest"
+	}
 	return r.email(e, &v, &v.commonView, r.t.digestSubject, r.t.digestHTML, r.t.digestText)
 }
 
@@ -84,6 +102,7 @@ func newNudgeView(c commonView, e *envelope.Envelope) (nudgeView, error) {
 		return nudgeView{}, decodeError(e.Template, err)
 	}
 	v := nudgeView{commonView: c, HighlightCount: p.HighlightCount, Lead: newItemView(&p.Lead)}
+	v.Lead.LinkColor = c.LinkColor
 	if p.HighlightCount > 1 {
 		v.More = p.HighlightCount - 1
 	}

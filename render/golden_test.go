@@ -20,6 +20,26 @@ var update = flag.Bool("update", false, "rewrite the golden files under testdata
 // goldenOptions are the renderer options the golden files are made with.
 var goldenOptions = Options{BaseURL: "https://app.example.org"}
 
+// brandedOptions are goldenOptions with every Brand field set.
+var brandedOptions = Options{BaseURL: "https://app.example.org", Brand: Brand{
+	Name:           "Podcast Companion",
+	SenderName:     "Podcast Companion Weekly",
+	Color:          "#C2410C",
+	LogoURL:        "https://cdn.example.org/brand/logo@2x.png",
+	Address:        "Podcast Companion Ltd, 1 Market Street, Bristol BS1 4DJ, United Kingdom",
+	PreferencesURL: "https://app.example.org/settings/notifications",
+}}
+
+// hostileBrandOptions are brand values with markup and quotes: they must
+// come out as text wherever they are shown.
+var hostileBrandOptions = Options{BaseURL: "https://app.example.org", Brand: Brand{
+	Name:           `"Evil" <script>alert(1)</script> & Co`,
+	Color:          "#FFD",
+	LogoURL:        `https://cdn.example.org/logo.png?x="><script>alert(2)</script>`,
+	Address:        `<b>1 Main St</b> & "Suite" 'B' <!--`,
+	PreferencesURL: `https://app.example.org/prefs?a="><img/src=x/onerror=alert(3)>`,
+}}
+
 // mustLoadEnvelope reads one envelope from a JSON file.
 func mustLoadEnvelope(t testing.TB, path string) *envelope.Envelope {
 	t.Helper()
@@ -56,27 +76,40 @@ func asEmail(e *envelope.Envelope) *envelope.Envelope {
 type goldenCase struct {
 	name string // golden file stem under testdata/golden
 	env  func(t testing.TB) *envelope.Envelope
+	opts *Options // nil: goldenOptions
 }
 
 var goldenCases = []goldenCase{
 	{"your-week-digest.v1.email", func(t testing.TB) *envelope.Envelope {
 		return mustLoadEnvelope(t, "../testdata/delivery/your-week-digest.v1.golden.json")
-	}},
+	}, nil},
 	{"resurface-nudge.v1.push", func(t testing.TB) *envelope.Envelope {
 		return mustLoadEnvelope(t, "../testdata/delivery/resurface-nudge.v1.golden.json")
-	}},
+	}, nil},
 	{"resurface-nudge.v1.email", func(t testing.TB) *envelope.Envelope {
 		return asEmail(mustLoadEnvelope(t, "../testdata/delivery/resurface-nudge.v1.golden.json"))
-	}},
+	}, nil},
 	{"reply-text.v1.telegram", func(t testing.TB) *envelope.Envelope {
 		return mustLoadEnvelope(t, "../testdata/delivery/reply-text.v1.golden.json")
-	}},
+	}, nil},
 	{"hostile-digest.email", func(t testing.TB) *envelope.Envelope {
 		return mustLoadEnvelope(t, "testdata/envelopes/hostile-digest.json")
-	}},
+	}, nil},
 	{"hostile-nudge.push", func(t testing.TB) *envelope.Envelope {
 		return mustLoadEnvelope(t, "testdata/envelopes/hostile-nudge.json")
-	}},
+	}, nil},
+	{"branded-digest.email", func(t testing.TB) *envelope.Envelope {
+		return mustLoadEnvelope(t, "../testdata/delivery/your-week-digest.v1.golden.json")
+	}, &brandedOptions},
+	{"branded-nudge.email", func(t testing.TB) *envelope.Envelope {
+		return asEmail(mustLoadEnvelope(t, "../testdata/delivery/resurface-nudge.v1.golden.json"))
+	}, &brandedOptions},
+	{"branded-nudge.push", func(t testing.TB) *envelope.Envelope {
+		return mustLoadEnvelope(t, "../testdata/delivery/resurface-nudge.v1.golden.json")
+	}, &brandedOptions},
+	{"hostile-brand-digest.email", func(t testing.TB) *envelope.Envelope {
+		return mustLoadEnvelope(t, "../testdata/delivery/your-week-digest.v1.golden.json")
+	}, &hostileBrandOptions},
 }
 
 // goldenFiles renders m into the files that pin it, by file suffix.
@@ -133,12 +166,16 @@ func chatGolden(t testing.TB, r *Renderer, e *envelope.Envelope) []byte {
 }
 
 func TestGolden(t *testing.T) {
-	r, err := New(&goldenOptions)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, c := range goldenCases {
 		t.Run(c.name, func(t *testing.T) {
+			opts := c.opts
+			if opts == nil {
+				opts = &goldenOptions
+			}
+			r, err := New(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
 			e := c.env(t)
 			if err := envelope.Validate(e); err != nil && !strings.HasPrefix(c.name, "hostile-") {
 				t.Fatalf("the fixture is not a valid envelope: %v", err)

@@ -68,7 +68,7 @@ func (r *Renderer) nudgePush(e *envelope.Envelope, now time.Time) (*envelope.Mes
 		return nil, decodeError(e.Template, err)
 	}
 	v := nudgeView{
-		commonView:     commonView{Product: r.product, BaseURL: r.baseURL},
+		commonView:     r.common(),
 		HighlightCount: p.HighlightCount,
 		Lead:           newItemView(&p.Lead),
 	}
@@ -108,7 +108,7 @@ func (r *Renderer) nudgePush(e *envelope.Envelope, now time.Time) (*envelope.Mes
 		Tag:   "outbox-" + hash[:24],
 		Data: &pushData{
 			Template:       string(e.Template),
-			Product:        r.product,
+			Product:        r.brand.Name,
 			HighlightCount: p.HighlightCount,
 			EpisodeSlug:    p.Lead.EpisodeSlug,
 			TMs:            p.Lead.TMs,

@@ -38,7 +38,7 @@ import (
 // DefaultBaseURL is Options.BaseURL when it is empty.
 const DefaultBaseURL = "http://127.0.0.1:8080"
 
-// DefaultProductName is Options.ProductName when it is empty.
+// DefaultProductName is Brand.Name when it is empty.
 const DefaultProductName = "outbox"
 
 // Errors returned by Render.
@@ -56,7 +56,7 @@ var (
 )
 
 // Options configure a Renderer. The zero value (or a nil *Options) is
-// usable: the embedded templates, DefaultBaseURL and DefaultProductName.
+// usable: the embedded templates, DefaultBaseURL and the default Brand.
 type Options struct {
 	// UnsubscribeURL builds the one-click unsubscribe URL of an envelope
 	// (an absolute http(s) URL). nil → BaseURL + "/unsubscribe/" +
@@ -79,16 +79,17 @@ type Options struct {
 	// New.
 	Overrides fs.FS
 
-	// ProductName names the sender in e-mail headers and footers and in
-	// the push notification data. Default DefaultProductName.
-	ProductName string
+	// Brand names the product, the sender, the colour, the logo, the
+	// postal address and the preferences link every template shows. New
+	// refuses a Brand that Brand.Normalize refuses.
+	Brand Brand
 }
 
 // Renderer renders envelopes into channel messages. It is safe for
 // concurrent use.
 type Renderer struct {
 	baseURL     string
-	product     string
+	brand       Brand
 	unsubscribe func(e *envelope.Envelope) string
 	t           *templates
 }
@@ -110,8 +111,9 @@ func New(opts *Options) (*Renderer, error) {
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" || base.RawQuery != "" || base.Fragment != "" {
 		return nil, fmt.Errorf("render: Options.BaseURL %q must be an absolute http or https URL without query or fragment", o.BaseURL)
 	}
-	if o.ProductName == "" {
-		o.ProductName = DefaultProductName
+	brand, err := o.Brand.Normalize()
+	if err != nil {
+		return nil, err
 	}
 	t, err := loadTemplates(o.Overrides)
 	if err != nil {
@@ -119,7 +121,7 @@ func New(opts *Options) (*Renderer, error) {
 	}
 	r := &Renderer{
 		baseURL:     strings.TrimRight(o.BaseURL, "/"),
-		product:     o.ProductName,
+		brand:       brand,
 		unsubscribe: o.UnsubscribeURL,
 		t:           t,
 	}

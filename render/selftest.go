@@ -97,9 +97,18 @@ func (r *Renderer) selfTest() error {
 		{envelope.TemplateDigest, sampleItems, fileDigestSubject, fileDigestHTML, fileDigestText, fileHTMLPartials, fileTextPartials},
 		{envelope.TemplateNudge, sampleItems[:1], fileNudgeSubject, fileNudgeHTML, fileNudgeText, fileHTMLPartials, fileTextPartials},
 	}
+	// The e-mails must show the postal address: with a sample one when
+	// none is configured, so that an override without it fails now, not
+	// when an address is set later.
+	withAddress := r
+	if r.brand.Address == "" {
+		cp := *r
+		cp.brand.Address = sampleAddress
+		withAddress = &cp
+	}
 	for _, c := range emails {
 		e := sampleEnvelope(c.tpl, envelope.ChannelEmail)
-		m, err := r.Render(e, 0, sampleNow)
+		m, err := withAddress.Render(e, 0, sampleNow)
 		if err != nil {
 			return fmt.Errorf("render: self-test of %s e-mail: %w", c.tpl, err)
 		}
@@ -107,7 +116,7 @@ func (r *Renderer) selfTest() error {
 		if err != nil {
 			return fmt.Errorf("render: self-test of %s e-mail: %w", c.tpl, err)
 		}
-		htmlWant, textWant := emailMust(c.items, unsub)
+		htmlWant, textWant := emailMust(c.items, unsub, withAddress.brand.Address)
 		for _, w := range htmlWant {
 			if !strings.Contains(m.Email.HTML, w.s) && !strings.Contains(m.Email.HTML, htemplate.HTMLEscapeString(w.s)) {
 				return r.incomplete(fmt.Sprintf("the HTML body of the sample %s lacks %s", c.tpl, w.what), c.html, c.htmlPartial)
@@ -178,10 +187,14 @@ func (r *Renderer) selfTest() error {
 // want is one string a rendered message must contain.
 type want struct{ what, s string }
 
+// sampleAddress is the postal address of the self-test's e-mails when
+// the brand has none.
+const sampleAddress = "Sample Postal Address 1"
+
 // emailMust lists what the HTML and text bodies of an e-mail showing items
-// must contain: every deep link, quote, episode and graph-ref label, and
-// the unsubscribe link.
-func emailMust(items []envelope.Item, unsub string) (html, text []want) {
+// must contain: every deep link, quote, episode and graph-ref label, the
+// unsubscribe link and the postal address.
+func emailMust(items []envelope.Item, unsub, address string) (html, text []want) {
 	for i := range items {
 		v := newItemView(&items[i])
 		n := fmt.Sprintf("item %d's ", i+1)
@@ -201,8 +214,8 @@ func emailMust(items []envelope.Item, unsub string) (html, text []want) {
 		html = append(html, ws...)
 		text = append(text, ws...)
 	}
-	html = append(html, want{"the unsubscribe link", unsub})
-	text = append(text, want{"the unsubscribe link", unsub})
+	html = append(html, want{"the unsubscribe link", unsub}, want{"the postal address (Brand.Address)", address})
+	text = append(text, want{"the unsubscribe link", unsub}, want{"the postal address (Brand.Address)", address})
 	return html, text
 }
 

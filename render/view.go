@@ -18,8 +18,17 @@ import (
 
 // commonView is shared by every e-mail view.
 type commonView struct {
-	// Product is Options.ProductName.
+	// Product is Brand.Name.
 	Product string
+	// Color is the brand colour (#rrggbb), ButtonText the text colour on
+	// it, LinkColor the colour of links (the brand colour when readable
+	// on white).
+	Color, ButtonText, LinkColor string
+	// LogoURL, Address and PreferencesURL are the Brand's ("" when unset).
+	LogoURL, Address, PreferencesURL string
+	// CTAURL and CTALabel are the message's primary call to action (the
+	// digest's; "" when there is none).
+	CTAURL, CTALabel string
 	// BaseURL is Options.BaseURL without a trailing slash.
 	BaseURL string
 	// UnsubscribeURL is the one-click unsubscribe URL.
@@ -69,6 +78,8 @@ type itemView struct {
 	LinkLabel string
 	// Auto is true for automatic picks (source "auto").
 	Auto bool
+	// LinkColor is the brand's link colour (e-mail).
+	LinkColor string
 }
 
 // refView is one graph-ref chip.
@@ -119,7 +130,9 @@ func newDigestView(c commonView, p *envelope.DigestPayload) digestView {
 		}
 		sv := sectionView{Kind: s.Kind, Heading: meta.heading, Blurb: meta.blurb}
 		for i := range s.Items {
-			sv.Items = append(sv.Items, newItemView(&s.Items[i]))
+			it := newItemView(&s.Items[i])
+			it.LinkColor = c.LinkColor
+			sv.Items = append(sv.Items, it)
 		}
 		v.Sections = append(v.Sections, sv)
 		v.Total += len(sv.Items)

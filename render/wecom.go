@@ -66,7 +66,7 @@ func (r *Renderer) digestWeCom(e *envelope.Envelope) (*envelope.Message, error) 
 	if err != nil {
 		return nil, decodeError(e.Template, err)
 	}
-	v := weComDigestView{digestView: newDigestView(commonView{Product: r.product, BaseURL: r.baseURL}, p)}
+	v := weComDigestView{digestView: newDigestView(r.common(), p)}
 	if v.Total == 0 {
 		return nil, fmt.Errorf("%w: digest has no items", ErrPayload)
 	}
@@ -112,7 +112,7 @@ func (r *Renderer) nudgeWeCom(e *envelope.Envelope) (*envelope.Message, error) {
 	if err != nil {
 		return nil, decodeError(e.Template, err)
 	}
-	v := nudgeView{commonView: commonView{Product: r.product, BaseURL: r.baseURL},
+	v := nudgeView{commonView: r.common(),
 		HighlightCount: p.HighlightCount, Lead: newItemView(&p.Lead)}
 	if p.HighlightCount > 1 {
 		v.More = p.HighlightCount - 1

@@ -91,7 +91,7 @@ func runRender(ctx context.Context, e *env, args []string) int {
 		now = t
 	}
 
-	opts := &render.Options{BaseURL: f.baseURL, ProductName: f.product}
+	opts := &render.Options{BaseURL: f.baseURL, Brand: render.Brand{Name: f.product}}
 	if f.templates != "" {
 		if st, err := os.Stat(f.templates); err != nil || !st.IsDir() {
 			return fail(e, "--templates %s is not a directory", f.templates)
