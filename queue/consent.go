@@ -49,17 +49,34 @@ func (c *Consent) note(at time.Time, by, format string, a ...any) {
 	}
 }
 
+// optInFlag returns the flag of f that opts in to channel ch, or nil when
+// ch has none (its unsubscribes are lifted by an operator: Lift).
+func optInFlag(f *ConsentFlags, ch envelope.Channel) *bool {
+	switch ch {
+	case envelope.ChannelEmail, envelope.ChannelWeCom:
+		return &f.DigestEnabled
+	case envelope.ChannelPush:
+		return &f.PushEnabled
+	}
+	return nil
+}
+
 // optsIn reports whether an explicit opt-in in f covers channel ch.
 func (f ConsentFlags) optsIn(ch envelope.Channel) bool {
-	switch ch {
-	case envelope.ChannelEmail:
-		return f.DigestEnabled
-	case envelope.ChannelPush:
-		return f.PushEnabled
-	case envelope.ChannelWeCom:
-		return f.DigestEnabled
+	p := optInFlag(&f, ch)
+	return p != nil && *p
+}
+
+// OptIn returns f with channel ch's opt-in flag set, which Set takes as
+// an explicit opt-in that lifts ch's unsubscribes; ok is false when ch
+// has no such flag.
+func (f ConsentFlags) OptIn(ch envelope.Channel) (_ ConsentFlags, ok bool) {
+	p := optInFlag(&f, ch)
+	if p == nil {
+		return f, false
 	}
-	return false
+	*p = true
+	return f, true
 }
 
 // Set is the rule every store applies to SetConsent: the flags replace

@@ -21,6 +21,7 @@
 //	POST   /internal/outbox/{id}/status?tenant= {"status","detail"?,"fence"?,"error_class"?}
 //	GET    /unsubscribe/{token}              confirmation page (changes nothing)
 //	POST   /unsubscribe/{token}              RFC 8058 one-click unsubscribe
+//	POST   /unsubscribe/{token}/resubscribe  the page's "subscribe again" button
 //	POST   /api/app/push/subscribe           save a W3C PushSubscription
 //	DELETE /api/app/push/subscribe           {"endpoint"}
 //	GET    /api/app/push/vapid-key           {"public_key"}

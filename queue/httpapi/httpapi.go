@@ -24,6 +24,7 @@ import (
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/render"
 )
 
 // Defaults of Config.
@@ -68,6 +69,11 @@ type Config struct {
 	// Unsub signs and verifies one-click unsubscribe links; nil leaves
 	// /unsubscribe/ unserved.
 	Unsub *Unsubscriber
+	// Brand names the product, its colour, logo, postal address and
+	// preferences link on the unsubscribe pages (the renderer's
+	// Options.Brand; the zero value is render's default brand). New
+	// refuses one that render.Brand.Normalize refuses.
+	Brand render.Brand
 	// VAPIDPublicKey is served by GET /api/app/push/vapid-key ("" → 404).
 	VAPIDPublicKey string
 	// User resolves the signed-in user of a request for the
@@ -91,6 +97,7 @@ type api struct {
 	mux      *http.ServeMux
 	tokenKey []byte // random key of the token HMAC
 	tokenMAC []byte // HMAC of the configured token under tokenKey
+	pages    *pages // the unsubscribe pages
 	leases   *leaseCache
 	inflight inflight // the bytes of request bodies in flight
 	served   []route  // what routes registered, in order (the OpenAPI tests read it)
@@ -135,8 +142,12 @@ func newAPI(cfg Config) (*api, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default().With("component", "httpapi")
 	}
+	pg, err := newPages(cfg.Brand)
+	if err != nil {
+		return nil, err
+	}
 	a := &api{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), leases: newLeaseCache(maxSeamLeases),
-		inflight: inflight{limit: cfg.MaxInflight}}
+		inflight: inflight{limit: cfg.MaxInflight}, pages: pg}
 	if cfg.Token != "" {
 		a.tokenKey = make([]byte, 32)
 		if _, err := rand.Read(a.tokenKey); err != nil {
@@ -178,6 +189,7 @@ func (a *api) routes() {
 	if a.cfg.Unsub != nil {
 		a.handle("GET /unsubscribe/{token}", public, a.unsubscribePage)
 		a.handle("POST /unsubscribe/{token}", public, a.unsubscribe)
+		a.handle("POST /unsubscribe/{token}/resubscribe", public, a.resubscribe)
 	}
 	if a.cfg.User != nil || a.cfg.Token != "" {
 		acc := public // Config.User authenticates

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/internal/nofollow"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/render"
 )
 
 // KeyFile is the name of the unsubscribe signing key in the data directory.
@@ -188,6 +189,10 @@ func (u *Unsubscriber) Verify(token string) (tenant, user string, ch envelope.Ch
 // maxFormBytes bounds the body of an unsubscribe POST.
 const maxFormBytes = 8 << 10
 
+// byUnsubscribePage is who a resubscribe from the page is, in the
+// consent history.
+const byUnsubscribePage = "unsubscribe_page"
+
 // unsubscribePage answers GET /unsubscribe/{token} with a confirmation page
 // whose button POSTs to the same URL. It changes nothing, so link scanners
 // that follow the link unsubscribe nobody.
@@ -197,7 +202,7 @@ func (a *api) unsubscribePage(w http.ResponseWriter, r *http.Request) error {
 		writeText(w, http.StatusBadRequest, "This unsubscribe link is not valid.\n")
 		return nil
 	}
-	writePage(w, pageData{Title: "Unsubscribe", What: describe(ch), Confirm: true})
+	a.pages.write(w, pageData{Step: stepConfirm, Title: "Unsubscribe", List: listName(ch)})
 	return nil
 }
 
@@ -205,9 +210,11 @@ func (a *api) unsubscribePage(w http.ResponseWriter, r *http.Request) error {
 // channel for the user and, for email, turns digest_enabled off (other
 // flags kept). An RFC 8058 one-click POST (body List-Unsubscribe=One-Click)
 // gets 200 with an empty body; the confirmation page's form (confirm=1)
-// gets a small HTML page. Never a redirect.
+// gets a small HTML page, which offers to subscribe again. Never a
+// redirect.
 func (a *api) unsubscribe(w http.ResponseWriter, r *http.Request) error {
-	tenant, user, ch, err := a.cfg.Unsub.Verify(r.PathValue("token"))
+	token := r.PathValue("token")
+	tenant, user, ch, err := a.cfg.Unsub.Verify(token)
 	if err != nil {
 		writeText(w, http.StatusBadRequest, "This unsubscribe link is not valid.\n")
 		return nil
@@ -232,22 +239,81 @@ func (a *api) unsubscribe(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if err != nil {
-		ae, unexpected := errorFor(err)
-		if unexpected {
-			a.log.Error("unsubscribe failed", "operation", "POST /unsubscribe/{token}",
-				"request_id", w.Header().Get("X-Request-Id"), "error_type", fmt.Sprintf("%T", err))
-		}
-		writeText(w, ae.Status, "Sorry, we could not unsubscribe you right now. Please try again later.\n")
+		a.pageError(w, r, "POST /unsubscribe/{token}", err, "unsubscribe")
 		return nil
 	}
 	a.log.Info("unsubscribed", "operation", "POST /unsubscribe/{token}", "channel", string(ch))
 	if browser {
-		writePage(w, pageData{Title: "You are unsubscribed", What: describe(ch)})
+		d := pageData{Step: stepUnsubscribed, Title: "You are unsubscribed", List: listName(ch)}
+		if _, ok := (queue.ConsentFlags{}).OptIn(ch); ok {
+			// Relative to /…/unsubscribe/{token}: the handler may be
+			// mounted under a prefix. A token has no "/" or ":".
+			d.Resubscribe = token + "/resubscribe"
+		}
+		a.pages.write(w, d)
 		return nil
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	return nil
+}
+
+// resubscribe answers POST /unsubscribe/{token}/resubscribe, the button
+// of the page shown after unsubscribing: it sets the channel's opt-in
+// flag through SetConsent (Consent.Set, by "unsubscribe_page"), which
+// lifts the channel's unsubscribe like any explicit opt-in; bounces and
+// complaints stay. The token is the unsubscribe link's: whoever holds the
+// link can unsubscribe and then see this button anyway.
+func (a *api) resubscribe(w http.ResponseWriter, r *http.Request) error {
+	tenant, user, ch, err := a.cfg.Unsub.Verify(r.PathValue("token"))
+	if err != nil {
+		writeText(w, http.StatusBadRequest, "This link is not valid.\n")
+		return nil
+	}
+	if _, err := confirmed(w, r); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeText(w, http.StatusRequestEntityTooLarge, "Request body too large.\n")
+			return nil
+		}
+	}
+	const op = "POST /unsubscribe/{token}/resubscribe"
+	if _, ok := (queue.ConsentFlags{}).OptIn(ch); !ok {
+		writeText(w, http.StatusBadRequest, "These messages cannot be turned back on from this page.\n")
+		return nil
+	}
+	ctx := r.Context()
+	c, err := a.cfg.Store.Consent(ctx, tenant, user)
+	if err == nil {
+		f, _ := c.ConsentFlags.OptIn(ch)
+		f.By = byUnsubscribePage
+		err = a.cfg.Store.SetConsent(ctx, tenant, user, f)
+	}
+	if err == nil {
+		c, err = a.cfg.Store.Consent(ctx, tenant, user)
+	}
+	if err != nil {
+		a.pageError(w, r, op, err, "subscribe you again")
+		return nil
+	}
+	a.log.Info("resubscribed", "operation", op, "channel", string(ch))
+	d := pageData{Step: stepResubscribed, Title: "You are subscribed again", List: listName(ch)}
+	for _, s := range c.Suppressions {
+		d.Held = d.Held || s.Channel == ch
+	}
+	a.pages.write(w, d)
+	return nil
+}
+
+// pageError answers a failed unsubscribe or resubscribe in words, logging
+// only the error's type.
+func (a *api) pageError(w http.ResponseWriter, r *http.Request, op string, err error, what string) {
+	ae, unexpected := errorFor(err)
+	if unexpected {
+		a.log.Error(what+" failed", "operation", op,
+			"request_id", w.Header().Get("X-Request-Id"), "error_type", fmt.Sprintf("%T", err))
+	}
+	writeText(w, ae.Status, "Sorry, we could not "+what+" right now. Please try again later.\n")
 }
 
 // confirmed reads the POST form and reports whether it came from the
@@ -267,65 +333,130 @@ func confirmed(w http.ResponseWriter, r *http.Request) (bool, error) {
 	return r.PostForm.Get("confirm") == "1", nil
 }
 
-// describe names what a channel's unsubscribe stops.
-func describe(ch envelope.Channel) string {
+// listName names what a channel's unsubscribe stops: the list the link
+// was for (an e-mail unsubscribe turns digest_enabled off, which every
+// e-mail needs).
+func listName(ch envelope.Channel) string {
 	switch ch {
 	case envelope.ChannelEmail:
-		return "digest emails"
+		return "digest and reminder e-mails"
 	case envelope.ChannelPush:
 		return "push notifications"
+	case envelope.ChannelTelegram:
+		return "Telegram messages"
+	case envelope.ChannelWeCom, envelope.ChannelWeComRobot, envelope.ChannelWeComBotReply:
+		return "WeCom messages"
 	}
 	return "messages"
 }
 
+// The steps of the unsubscribe pages.
+const (
+	stepConfirm      = "confirm"
+	stepUnsubscribed = "unsubscribed"
+	stepResubscribed = "resubscribed"
+)
+
+// pageData is what one unsubscribe page shows.
 type pageData struct {
-	Title   string
-	What    string
-	Confirm bool // show the confirmation form
+	Step  string
+	Title string
+	List  string // listName
+	// Resubscribe is the relative URL of the resubscribe form ("": none).
+	Resubscribe string
+	// Held: the channel still has a suppression (a bounce, a complaint)
+	// after the resubscribe.
+	Held bool
+	// Brand is filled in by pages.write.
+	Brand render.Brand
 }
 
-const pageStyle = `body{font-family:system-ui,sans-serif;max-width:32rem;margin:3rem auto;padding:0 1rem;line-height:1.5;color:#1a1a1a;background:#fff}` +
-	`button{font:inherit;padding:.6rem 1.2rem;border:2px solid #1a1a1a;border-radius:.4rem;background:#fff;cursor:pointer}` +
-	`button:focus-visible{outline:3px solid #0b57d0;outline-offset:2px}`
+// pages renders the unsubscribe pages of one brand. The style holds the
+// brand colour and is allowed by its hash; the logo, when there is one,
+// by its origin.
+type pages struct {
+	brand      render.Brand
+	style, csp string
+}
 
-var page = template.Must(template.New("page").Parse(`<!doctype html>
+func newPages(b render.Brand) (*pages, error) {
+	b, err := b.Normalize()
+	if err != nil {
+		return nil, fmt.Errorf("httpapi: Config.Brand: %w", err)
+	}
+	style := `body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;max-width:32rem;margin:3rem auto;padding:0 1rem;line-height:1.5;color:#1a1a1a;background:#fff}` +
+		`.brand{margin:0 0 2rem;font-weight:700;font-size:1.1rem}.brand img{display:block;height:32px;width:auto;max-width:240px}` +
+		`h1{font-size:1.6rem;line-height:1.25;margin:0 0 .75rem}` +
+		`form{margin:1.25rem 0}` +
+		`button{font:inherit;font-weight:600;padding:.6rem 1.2rem;border:2px solid ` + b.Color + `;border-radius:.4rem;background:` + b.Color + `;color:` + b.ButtonText() + `;cursor:pointer}` +
+		`.secondary button{background:#fff;color:#1a1a1a;border-color:#1a1a1a}` +
+		`button:focus-visible{outline:3px solid #1a1a1a;outline-offset:2px}` +
+		`a{color:` + b.LinkColor() + `}.note{color:#57606a;font-size:.95rem}` +
+		`footer{margin-top:2.5rem;padding-top:1rem;border-top:1px solid #d8dee4;color:#57606a;font-size:.85rem}`
+	sum := sha256.Sum256([]byte(style))
+	csp := "default-src 'none'; style-src 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
+	if o := b.LogoOrigin(); o != "" {
+		csp += "; img-src " + o
+	}
+	csp += "; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+	return &pages{brand: b, style: style, csp: csp}, nil
+}
+
+var pageTemplate = template.Must(template.New("page").Parse(`<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="robots" content="noindex">
-<title>{{.Title}}</title>
-<style>` + pageStyle + `</style>
+<title>{{.Title}} · {{.Brand.Name}}</title>
+<style>{{.Style}}</style>
 </head>
 <body>
+<header class="brand">{{if .Brand.LogoURL}}<img src="{{.Brand.LogoURL}}" alt="{{.Brand.Name}}" height="32">{{else}}{{.Brand.Name}}{{end}}</header>
 <main>
 <h1>{{.Title}}</h1>
-{{if .Confirm}}<p>Do you want to stop receiving {{.What}}?</p>
+{{- if eq .Step "confirm"}}
+<p>Do you want to stop receiving {{.List}} from {{.Brand.Name}}?</p>
 <form method="post">
 <input type="hidden" name="confirm" value="1">
 <button type="submit">Unsubscribe</button>
 </form>
-{{else}}<p role="status">You will no longer receive {{.What}}.</p>
-{{end}}</main>
+{{- else if eq .Step "unsubscribed"}}
+<p role="status">You will no longer receive {{.List}} from {{.Brand.Name}}.</p>
+{{- if .Resubscribe}}
+<form method="post" action="{{.Resubscribe}}" class="secondary">
+<p class="note">Unsubscribed by mistake?</p>
+<button type="submit">Subscribe again</button>
+</form>
+{{- end}}
+{{- else}}
+<p role="status">You will receive {{.List}} from {{.Brand.Name}} again.</p>
+{{- if .Held}}
+<p class="note">Deliveries to you are still paused after a bounce or a spam report; contact {{.Brand.Name}} to resume them.</p>
+{{- end}}
+{{- end}}
+{{- if .Brand.PreferencesURL}}
+<p><a href="{{.Brand.PreferencesURL}}">Manage all your {{.Brand.Name}} preferences</a></p>
+{{- end}}
+</main>
+{{- if .Brand.Address}}
+<footer>{{.Brand.Address}}</footer>
+{{- end}}
 </body>
 </html>
 `))
 
-// pageCSP allows nothing but the page's own inline style (by hash) and a
-// form posting back to this origin.
-var pageCSP = func() string {
-	sum := sha256.Sum256([]byte(pageStyle))
-	return "default-src 'none'; style-src 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) +
-		"'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
-}()
-
-func writePage(w http.ResponseWriter, d pageData) {
+func (p *pages) write(w http.ResponseWriter, d pageData) {
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer") // the URL holds the token
-	h.Set("Content-Security-Policy", pageCSP)
+	h.Set("Content-Security-Policy", p.csp)
 	w.WriteHeader(http.StatusOK)
-	_ = page.Execute(w, d)
+	d.Brand = p.brand
+	_ = pageTemplate.Execute(w, struct {
+		pageData
+		Style template.CSS
+	}{d, template.CSS(p.style)})
 }

@@ -3,8 +3,10 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/render"
 )
 
 func testKey(b byte) []byte { return bytes.Repeat([]byte{b}, KeySize) }
@@ -202,7 +205,7 @@ func TestUnsubscribe_GetChangesNothing(t *testing.T) {
 		t.Fatalf("GET: %d %s", w.Code, w.Header().Get("Content-Type"))
 	}
 	body := w.Body.String()
-	for _, want := range []string{`<form method="post">`, `name="confirm" value="1"`, `<button type="submit">`, `lang="en"`, "digest emails"} {
+	for _, want := range []string{`<form method="post">`, `name="confirm" value="1"`, `<button type="submit">`, `lang="en"`, "digest and reminder e-mails"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("page lacks %q:\n%s", want, body)
 		}
@@ -352,4 +355,238 @@ func TestUnsubscribe_ReOptInLifts(t *testing.T) {
 			t.Fatalf("history %q lacks %q", got, want)
 		}
 	}
+}
+
+// brandFixture is unsubFixture with a brand on the pages.
+func brandFixture(t *testing.T, b render.Brand) (*fixture, string) {
+	f := newFixture(t, func(c *Config) { c.Brand = b })
+	f.grant("", "u_1")
+	e := digest("d/1", "u_1")
+	f.enqueue(http.StatusCreated, e)
+	u, err := url.Parse(f.unsub.URL(e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, strings.TrimPrefix(u.Path, "/outbox")
+}
+
+var pageBrand = render.Brand{
+	Name:           "Podcast Companion",
+	Color:          "#C2410C",
+	LogoURL:        "https://cdn.example.org/brand/logo.png",
+	Address:        "Podcast Companion Ltd, 1 Market Street, Bristol",
+	PreferencesURL: "https://app.example.org/settings/notifications",
+}
+
+// styleHashed reports whether the page's <style> is the one its CSP
+// allows by hash (a brand colour in the style changes the hash).
+func styleHashed(t *testing.T, w *httptest.ResponseRecorder) {
+	t.Helper()
+	body := w.Body.String()
+	i, j := strings.Index(body, "<style>"), strings.Index(body, "</style>")
+	if i < 0 || j < i {
+		t.Fatalf("no style in\n%s", body)
+	}
+	sum := sha256.Sum256([]byte(body[i+len("<style>") : j]))
+	if want := "style-src 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"; !strings.Contains(w.Header().Get("Content-Security-Policy"), want) {
+		t.Fatalf("CSP %q does not allow the page's style (%s)", w.Header().Get("Content-Security-Policy"), want)
+	}
+}
+
+// The pages name the product and the list the link was for, in the
+// brand's colour and logo, with the preferences link and the address.
+func TestUnsubscribe_PagesBranded(t *testing.T) {
+	f, path := brandFixture(t, pageBrand)
+	w := f.call("GET", path, "", noAuth)
+	body := w.Body.String()
+	for _, want := range []string{
+		"<title>Unsubscribe · Podcast Companion</title>",
+		`<img src="https://cdn.example.org/brand/logo.png" alt="Podcast Companion"`,
+		"stop receiving digest and reminder e-mails from Podcast Companion?",
+		"background:#c2410c;color:#ffffff",
+		`<a href="https://app.example.org/settings/notifications">Manage all your Podcast Companion preferences</a>`,
+		"<footer>Podcast Companion Ltd, 1 Market Street, Bristol</footer>",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("page lacks %q:\n%s", want, body)
+		}
+	}
+	if csp := w.Header().Get("Content-Security-Policy"); !strings.Contains(csp, "img-src https://cdn.example.org;") || !strings.Contains(csp, "default-src 'none'") {
+		t.Errorf("CSP %q", csp)
+	}
+	styleHashed(t, w)
+
+	// A push link names push notifications; the default brand is outbox
+	// and allows no images.
+	g := newFixture(t)
+	link, _ := url.Parse(g.unsub.URL(nudge("n/1", "u_1")))
+	w = g.call("GET", strings.TrimPrefix(link.Path, "/outbox"), "", noAuth)
+	if !strings.Contains(w.Body.String(), "stop receiving push notifications from outbox?") || strings.Contains(w.Header().Get("Content-Security-Policy"), "img-src") {
+		t.Errorf("push page:\n%s\n%s", w.Header(), w.Body)
+	}
+	styleHashed(t, w)
+}
+
+// Brand values with markup come out as text.
+func TestUnsubscribe_PagesHostileBrand(t *testing.T) {
+	f, path := brandFixture(t, render.Brand{
+		Name:           `"Evil" <script>alert(1)</script>`,
+		LogoURL:        `https://cdn.example.org/l.png?"><script>alert(2)</script>`,
+		Address:        `<b>1 Main St</b>`,
+		PreferencesURL: `https://app.example.org/p?"><script>alert(3)</script>`,
+	})
+	for _, w := range []*httptest.ResponseRecorder{
+		f.call("GET", path, "", noAuth),
+		f.call("POST", path, "confirm=1", noAuth, withHeader("Content-Type", "application/x-www-form-urlencoded")),
+	} {
+		body := w.Body.String()
+		if w.Code != 200 || strings.Contains(body, "<script>") || strings.Contains(body, "<b>") || !strings.Contains(body, "&lt;script&gt;alert(1)&lt;/script&gt;") {
+			t.Fatalf("%d:\n%s", w.Code, body)
+		}
+	}
+	_, err := New(Config{Store: f.q, Unsub: f.unsub, Brand: render.Brand{Name: "a\r\nb"}})
+	if err == nil || !strings.Contains(err.Error(), "Config.Brand") || !strings.Contains(err.Error(), "Brand.Name") {
+		t.Fatalf("New with a two-line brand name: %v", err)
+	}
+}
+
+// resubscribeAction unsubscribes through the page's form and returns the
+// path its "Subscribe again" form posts to ("" when it has none).
+func resubscribeAction(t *testing.T, f *fixture, path string) string {
+	t.Helper()
+	w := f.call("POST", path, "confirm=1", noAuth, withHeader("Content-Type", "application/x-www-form-urlencoded"))
+	if w.Code != 200 {
+		t.Fatalf("unsubscribe: %d %s", w.Code, w.Body)
+	}
+	body := w.Body.String()
+	i := strings.Index(body, `<form method="post" action="`)
+	if i < 0 {
+		return ""
+	}
+	action := body[i+len(`<form method="post" action="`):]
+	action = action[:strings.IndexByte(action, '"')]
+	base, _ := url.Parse("https://mail.example.org/outbox" + path)
+	ref, err := url.Parse(action)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := base.ResolveReference(ref)
+	if !strings.HasPrefix(u.Path, "/outbox/unsubscribe/") {
+		t.Fatalf("the form posts to %s, outside the mount point", u.Path)
+	}
+	return strings.TrimPrefix(u.Path, "/outbox")
+}
+
+// After unsubscribing, the page offers a way back: its button re-opts the
+// user in through SetConsent (history by unsubscribe_page), which lifts
+// the unsubscribe the way an opt-in does; digests are accepted again.
+func TestUnsubscribe_Resubscribe(t *testing.T) {
+	f, path := brandFixture(t, pageBrand)
+	action := resubscribeAction(t, f, path)
+	if action != path+"/resubscribe" {
+		t.Fatalf("resubscribe form posts to %q", action)
+	}
+	if c := f.consent("", "u_1"); c.DigestEnabled || len(c.Suppressions) != 1 {
+		t.Fatalf("not unsubscribed: %+v", c)
+	}
+	f.enqueue(http.StatusConflict, digest("d/2", "u_1"))
+
+	w := f.call("POST", action, "", noAuth, withHeader("Content-Type", "application/x-www-form-urlencoded"))
+	body := w.Body.String()
+	if w.Code != 200 || !strings.Contains(body, "You are subscribed again") || !strings.Contains(body, "receive digest and reminder e-mails from Podcast Companion again") || strings.Contains(body, "still paused") {
+		t.Fatalf("resubscribe: %d\n%s", w.Code, body)
+	}
+	styleHashed(t, w)
+	c := f.consent("", "u_1")
+	if !c.DigestEnabled || !c.EmailVerified || !c.PushEnabled || len(c.Suppressions) != 0 {
+		t.Fatalf("consent after resubscribe: %+v", c)
+	}
+	var hist []string
+	for _, h := range c.History {
+		hist = append(hist, h.By+":"+h.Change)
+	}
+	got := strings.Join(hist, "; ")
+	for _, want := range []string{"unsubscribe_page:set digest_enabled=true", "unsubscribe_page:lifted email unsubscribed"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("history %q lacks %q", got, want)
+		}
+	}
+	f.enqueue(http.StatusCreated, digest("d/2", "u_1"))
+	if !strings.Contains(f.logs.String(), "msg=resubscribed") || strings.Contains(f.logs.String(), "u_1") {
+		t.Errorf("logs:\n%s", f.logs)
+	}
+
+	// One-click still works afterwards, unchanged: 200, empty body.
+	w = f.call("POST", path, "List-Unsubscribe=One-Click", noAuth, withHeader("Content-Type", "application/x-www-form-urlencoded"))
+	if w.Code != 200 || w.Body.Len() != 0 {
+		t.Fatalf("one-click after resubscribe: %d %q", w.Code, w.Body)
+	}
+	if c := f.consent("", "u_1"); c.DigestEnabled || len(c.Suppressions) != 1 {
+		t.Fatalf("one-click after resubscribe: %+v", c)
+	}
+}
+
+func TestUnsubscribe_ResubscribeChannels(t *testing.T) {
+	t.Run("Push", func(t *testing.T) {
+		f := newFixture(t)
+		f.grant("", "u_1")
+		link, _ := url.Parse(f.unsub.URL(nudge("n/1", "u_1")))
+		path := strings.TrimPrefix(link.Path, "/outbox")
+		action := resubscribeAction(t, f, path)
+		if action == "" {
+			t.Fatal("no resubscribe form after a push unsubscribe")
+		}
+		if w := f.call("POST", action, "", noAuth); w.Code != 200 {
+			t.Fatalf("resubscribe: %d %s", w.Code, w.Body)
+		}
+		if c := f.consent("", "u_1"); !c.PushEnabled || len(c.Suppressions) != 0 {
+			t.Fatalf("push consent: %+v", c)
+		}
+	})
+	t.Run("TelegramHasNoOptIn", func(t *testing.T) {
+		f := newFixture(t)
+		f.grant("", "u_1")
+		link, _ := url.Parse(f.unsub.URL(reply("r/1", "u_1", "hi")))
+		path := strings.TrimPrefix(link.Path, "/outbox")
+		if action := resubscribeAction(t, f, path); action != "" {
+			t.Fatalf("a resubscribe form (%s) for a channel without an opt-in flag", action)
+		}
+		if w := f.call("POST", path+"/resubscribe", "", noAuth); w.Code != http.StatusBadRequest {
+			t.Fatalf("telegram resubscribe: %d", w.Code)
+		}
+		if c := f.consent("", "u_1"); len(c.Suppressions) != 1 {
+			t.Fatalf("telegram suppression lifted: %+v", c)
+		}
+	})
+	t.Run("ComplaintStays", func(t *testing.T) {
+		f, path := brandFixture(t, render.Brand{})
+		action := resubscribeAction(t, f, path)
+		if err := f.q.Suppress(context.Background(), "", "u_1", queue.Suppression{Channel: envelope.ChannelEmail, Target: "t", Reason: envelope.ClassComplaint}); err != nil {
+			t.Fatal(err)
+		}
+		w := f.call("POST", action, "", noAuth)
+		if w.Code != 200 || !strings.Contains(w.Body.String(), "still paused") {
+			t.Fatalf("resubscribe with a complaint: %d\n%s", w.Code, w.Body)
+		}
+		if c := f.consent("", "u_1"); len(c.Suppressions) != 1 || c.Suppressions[0].Reason != envelope.ClassComplaint {
+			t.Fatalf("suppressions %+v", c.Suppressions)
+		}
+	})
+	t.Run("Tampered", func(t *testing.T) {
+		f, path := brandFixture(t, render.Brand{})
+		action := resubscribeAction(t, f, path)
+		bad := strings.Replace(action, "/unsubscribe/", "/unsubscribe/A", 1)
+		other := "/unsubscribe/" + NewUnsubscriber(testKey(9), "").Token("default", "u_1", envelope.ChannelEmail, "x") + "/resubscribe"
+		for _, p := range []string{bad, other} {
+			if w := f.call("POST", p, "", noAuth); w.Code != http.StatusBadRequest {
+				t.Errorf("%s: %d", p, w.Code)
+			}
+		}
+		if w := f.call("GET", action, "", noAuth); w.Code != http.StatusMethodNotAllowed {
+			t.Errorf("GET resubscribe: %d (a link scanner must not resubscribe)", w.Code)
+		}
+		if c := f.consent("", "u_1"); c.DigestEnabled || len(c.Suppressions) != 1 {
+			t.Fatalf("consent changed: %+v", c)
+		}
+	})
 }
