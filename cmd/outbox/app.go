@@ -46,6 +46,7 @@ type appConfig struct {
 	WeCom        weComConfig
 	Shutdown     time.Duration
 	SinkJournal  bool
+	Brand        render.Brand // checked by render.Brand.Normalize
 	Logger       *slog.Logger
 	Registry     *prometheus.Registry
 }
@@ -87,7 +88,7 @@ func buildApp(e *env, c appConfig) (*app, error) {
 		return fail(fmt.Errorf("unsubscribe key: %w", err))
 	}
 	a.unsub = httpapi.NewUnsubscriber(key, c.PublicURL)
-	ro := &render.Options{UnsubscribeURL: a.unsub.URL, BaseURL: c.PublicURL}
+	ro := &render.Options{UnsubscribeURL: a.unsub.URL, BaseURL: c.PublicURL, Brand: c.Brand}
 	if c.TemplatesDir != "" {
 		if _, err := os.Stat(c.TemplatesDir); err != nil {
 			return fail(fmt.Errorf("templates: %w", err))
@@ -124,11 +125,20 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	if err != nil {
 		return fail(err)
 	}
+	from, err := senderAddress(c)
+	if err != nil {
+		return fail(err)
+	}
 	if apiKey, err := resend.APIKeyFromEnv(e.Getenv); err == nil {
 		if c.EmailFrom == "" {
 			return fail(errors.New("email: RESEND_API_KEY is set but --email-from (OUTBOX_EMAIL_FROM) is not"))
 		}
-		opts := resend.Options{APIKey: resend.APIKey(apiKey), From: c.EmailFrom, ReplyTo: c.EmailReplyTo, Logger: c.Logger}
+		if c.Brand.Address == "" {
+			// Not refused: outbox cannot tell commercial mail from
+			// relationship mail, which needs no address (docs/branding.md).
+			c.Logger.Warn("--brand-address (OUTBOX_BRAND_ADDRESS) is not set: commercial e-mail must show the sender's postal address (CAN-SPAM); set it unless these e-mails are transactional", "operation", "serve", "status", "degraded")
+		}
+		opts := resend.Options{APIKey: resend.APIKey(apiKey), From: from, ReplyTo: c.EmailReplyTo, Logger: c.Logger}
 		if c.ResendRate > 0 {
 			opts.Rate = rateLimit(c.ResendRate)
 		}
@@ -166,7 +176,7 @@ func buildApp(e *env, c appConfig) (*app, error) {
 			a.described = append(a.described, string(ch)+": none (rows stay pending)")
 			continue
 		}
-		s, err := sink.New(c.Data, ch, &sink.Options{Journal: c.SinkJournal})
+		s, err := sink.New(c.Data, ch, &sink.Options{Journal: c.SinkJournal, From: from})
 		if err == nil {
 			err = s.CheckDir() // a linked sink directory: refused at start, by name
 		}
@@ -218,6 +228,27 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	}
 	return a, nil
 }
+
+// senderAddress is the From of e-mails, sent or written to the sink:
+// --email-from (outbox@localhost without it) with the brand's sender name.
+func senderAddress(c appConfig) (string, error) {
+	addr := c.EmailFrom
+	if addr == "" {
+		addr = sinkFromAddress
+	}
+	brand, err := c.Brand.Normalize()
+	if err != nil {
+		return "", err
+	}
+	if addr, err = brand.SenderAddress(addr); err != nil {
+		return "", errors.New("email: --email-from (OUTBOX_EMAIL_FROM) is not an e-mail address like news@example.org or \"Name <news@example.org>\"")
+	}
+	return addr, nil
+}
+
+// sinkFromAddress is the address of the sink's .eml files without
+// --email-from.
+const sinkFromAddress = "outbox@localhost"
 
 // idempotentChannels returns the channels whose provider redelivers
 // idempotently (delivering a key twice has the effect of once).

@@ -45,12 +45,17 @@ and an index.html linking every file in DIR. NAME is the file name without
 nudge as e-mail, say); a recipient or unsubscribe_ref the other channel
 needs is filled with a placeholder.
 
+The --brand-* flags (and their OUTBOX_BRAND_* variables) are serve's:
+preview the product name, sender, colour, logo, postal address and
+preferences link as users will get them (docs/branding.md).
+
 Flags:
 `
 
 // renderFlags are the flags of "outbox render".
 type renderFlags struct {
-	channel, out, baseURL, from, templates, product, now string
+	channel, out, baseURL, from, templates, now string
+	brand                                       *brandFlags
 }
 
 func runRender(ctx context.Context, e *env, args []string) int {
@@ -59,9 +64,9 @@ func runRender(ctx context.Context, e *env, args []string) int {
 	fs.StringVar(&f.channel, "channel", "", "render on this channel instead of the envelope's: email, push, telegram or wecom")
 	fs.StringVar(&f.out, "out", "", "write the rendered files into this directory (created if missing) instead of printing a summary")
 	fs.StringVar(&f.baseURL, "base-url", envOr(e, "OUTBOX_PUBLIC_URL", render.DefaultBaseURL), "public base URL of unsubscribe links (env OUTBOX_PUBLIC_URL)")
-	fs.StringVar(&f.from, "from", envOr(e, "OUTBOX_EMAIL_FROM", render.DefaultFrom), "From of the .eml files (env OUTBOX_EMAIL_FROM)")
+	fs.StringVar(&f.from, "from", envOr(e, "OUTBOX_EMAIL_FROM", sinkFromAddress), "From of the .eml files, with the display name of --brand-sender (env OUTBOX_EMAIL_FROM)")
 	fs.StringVar(&f.templates, "templates", envOr(e, "OUTBOX_TEMPLATES", ""), "directory of template overrides (env OUTBOX_TEMPLATES)")
-	fs.StringVar(&f.product, "product", envOr(e, "OUTBOX_PRODUCT_NAME", render.DefaultProductName), "product name in e-mails (env OUTBOX_PRODUCT_NAME)")
+	f.brand = addBrandFlags(&settings{fs: fs, e: e}) // as serve has them
 	fs.StringVar(&f.now, "now", "", "render time, RFC 3339 (default: the envelope's not_before, else its created_at, else now)")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), renderUsage); fs.PrintDefaults() }
 
@@ -91,7 +96,16 @@ func runRender(ctx context.Context, e *env, args []string) int {
 		now = t
 	}
 
-	opts := &render.Options{BaseURL: f.baseURL, Brand: render.Brand{Name: f.product}}
+	brand, err := f.brand.brand()
+	if err != nil {
+		fmt.Fprintf(e.Stderr, "Error: %v\nTry: outbox help render\n", err)
+		return exitUsage
+	}
+	if f.from, err = brand.SenderAddress(f.from); err != nil {
+		fmt.Fprintf(e.Stderr, "Error: --from (OUTBOX_EMAIL_FROM) is not an e-mail address like news@example.org\nTry: outbox help render\n")
+		return exitUsage
+	}
+	opts := &render.Options{BaseURL: f.baseURL, Brand: brand}
 	if f.templates != "" {
 		if st, err := os.Stat(f.templates); err != nil || !st.IsDir() {
 			return fail(e, "--templates %s is not a directory", f.templates)

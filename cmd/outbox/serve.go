@@ -23,6 +23,7 @@ import (
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore"
 	"github.com/outboxhq/outbox/queue/httpapi"
+	"github.com/outboxhq/outbox/render"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -49,6 +50,7 @@ type serveFlags struct {
 	lease, backoffBase, backoffCap, retention, rescan, shutdown, resendPoll, seamLease       *time.Duration
 	maxBody, maxInflight                                                                     *int
 	resendRate                                                                               *int
+	brand                                                                                    *brandFlags
 }
 
 func addServeFlags(s *settings) *serveFlags {
@@ -84,11 +86,12 @@ func addServeFlags(s *settings) *serveFlags {
 		"bytes of request bodies handled at once; a request past it gets 503 with Retry-After (-1 = no bound)")
 	f.seamLease = s.duration("seam-lease", "OUTBOX_SEAM_LEASE", 5*time.Minute, "lease of envelopes handed out by /internal/outbox/pending")
 	f.logFormat = s.str("log-format", "OUTBOX_LOG_FORMAT", "text", "log format: text or json")
+	f.brand = addBrandFlags(s)
 	f.sinkJournal = s.boolean("sink-journal", "OUTBOX_SINK_JOURNAL", false, "the sink also appends each delivered key's hash to DATA/sink/CHANNEL.journal (used by the kill drill)")
 	return f
 }
 
-func (f *serveFlags) appConfig(log *slog.Logger, reg *prometheus.Registry, publicURL string) appConfig {
+func (f *serveFlags) appConfig(log *slog.Logger, reg *prometheus.Registry, publicURL string, brand render.Brand) appConfig {
 	return appConfig{
 		Data: *f.data, PublicURL: publicURL, NoSink: *f.noSink, Concurrency: *f.concurrency, Lease: *f.lease,
 		Backoff:   queue.Backoff{Base: *f.backoffBase, Cap: *f.backoffCap, MaxAttempts: *f.maxAttempts},
@@ -97,7 +100,7 @@ func (f *serveFlags) appConfig(log *slog.Logger, reg *prometheus.Registry, publi
 		ResendRate: float64(*f.resendRate), ResendPoll: *f.resendPoll, TelegramURL: *f.telegramURL,
 		WeCom: weComConfig{API: *f.wecomAPI, CorpID: *f.wecomCorp, AgentID: *f.wecomAgent, DailyCap: *f.wecomDailyCap,
 			BotReplies: *f.wecomBotReplies, ReplyHosts: *f.wecomReplyHosts},
-		Shutdown: *f.shutdown, SinkJournal: *f.sinkJournal, Logger: log, Registry: reg,
+		Shutdown: *f.shutdown, SinkJournal: *f.sinkJournal, Logger: log, Registry: reg, Brand: brand,
 	}
 }
 
@@ -145,6 +148,11 @@ func runServe(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	log := newLogger(e, *f.logFormat)
+	brand, err := f.brand.brand()
+	if err != nil {
+		fmt.Fprintf(e.Stderr, "Error: %v\n", err)
+		return exitUsage
+	}
 	token, err := secret(e, "INTERNAL_OUTBOX_TOKEN")
 	if err != nil {
 		return fail(e, "%v", err)
@@ -175,7 +183,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a, err := buildApp(e, f.appConfig(log, reg, public))
+	a, err := buildApp(e, f.appConfig(log, reg, public, brand))
 	if err != nil {
 		var inUse *filestore.StoreInUseError
 		if errors.As(err, &inUse) {
@@ -196,7 +204,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	}
 
 	api, err := httpapi.New(httpapi.Config{
-		Store: a.q, Token: token, MaxBody: int64(*f.maxBody), MaxInflight: int64(*f.maxInflight), Logger: log, Unsub: a.unsub,
+		Store: a.q, Token: token, MaxBody: int64(*f.maxBody), MaxInflight: int64(*f.maxInflight), Logger: log, Unsub: a.unsub, Brand: brand,
 		VAPIDPublicKey: a.vapidPub, SeamLease: *f.seamLease,
 		Ready: func() bool { return true },
 	})

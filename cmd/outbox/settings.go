@@ -1,12 +1,15 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outboxhq/outbox/render"
 )
 
 // settings binds flags to OUTBOX_* environment variables: the variable
@@ -108,4 +111,43 @@ func dataFlag(s *settings) *string {
 // tenantFlag adds the --tenant flag.
 func tenantFlag(s *settings) *string {
 	return s.str("tenant", "OUTBOX_TENANT", "default", "tenant")
+}
+
+// brandFlags are the branding settings serve and render share.
+type brandFlags struct {
+	name, sender, color, logo, address, prefs *string
+}
+
+// brandFlagNames names each render.Brand field's flag and variable, for
+// errors.
+var brandFlagNames = map[string]string{
+	"Name":           "--brand-name (OUTBOX_BRAND_NAME)",
+	"SenderName":     "--brand-sender (OUTBOX_BRAND_SENDER)",
+	"Color":          "--brand-color (OUTBOX_BRAND_COLOR)",
+	"LogoURL":        "--brand-logo-url (OUTBOX_BRAND_LOGO_URL)",
+	"Address":        "--brand-address (OUTBOX_BRAND_ADDRESS)",
+	"PreferencesURL": "--brand-preferences-url (OUTBOX_BRAND_PREFERENCES_URL)",
+}
+
+// addBrandFlags adds the --brand-* flags (docs/branding.md).
+func addBrandFlags(s *settings) *brandFlags {
+	return &brandFlags{
+		name:    s.str("brand-name", "OUTBOX_BRAND_NAME", render.DefaultProductName, "product name in e-mails, notifications and the unsubscribe pages"),
+		sender:  s.str("brand-sender", "OUTBOX_BRAND_SENDER", "", "display name of the e-mails' From (default: the name in --email-from, else --brand-name)"),
+		color:   s.str("brand-color", "OUTBOX_BRAND_COLOR", render.DefaultBrandColor, "brand colour, #rrggbb or #rgb (buttons; links when readable on white)"),
+		logo:    s.str("brand-logo-url", "OUTBOX_BRAND_LOGO_URL", "", "https URL of a logo atop e-mails and the unsubscribe pages"),
+		address: s.str("brand-address", "OUTBOX_BRAND_ADDRESS", "", "postal address line in every e-mail's footer (CAN-SPAM requires one in commercial e-mail)"),
+		prefs:   s.str("brand-preferences-url", "OUTBOX_BRAND_PREFERENCES_URL", "", "http(s) URL where users manage what they get: e-mail footers, the digest's button, the unsubscribe pages"),
+	}
+}
+
+// brand returns the checked brand, or an error naming the flag whose
+// value is refused (never repeating the value).
+func (b *brandFlags) brand() (render.Brand, error) {
+	br, err := render.Brand{Name: *b.name, SenderName: *b.sender, Color: *b.color, LogoURL: *b.logo, Address: *b.address, PreferencesURL: *b.prefs}.Normalize()
+	var be *render.BrandError
+	if errors.As(err, &be) {
+		return render.Brand{}, fmt.Errorf("%s %s", brandFlagNames[be.Field], be.Problem)
+	}
+	return br, err
 }

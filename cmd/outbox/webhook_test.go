@@ -15,16 +15,17 @@ import (
 	"time"
 )
 
-// startServeEnv runs serve in this process with the environment vars and
-// returns its base URL, its stderr and a stop function that waits for it.
-func startServeEnv(t *testing.T, vars map[string]string) (string, *lockedBuffer, func() int) {
+// startServeEnv runs serve in this process with the environment vars (and
+// extra flags, which override the defaults) and returns its base URL, its
+// stderr and a stop function that waits for it.
+func startServeEnv(t *testing.T, vars map[string]string, extra ...string) (string, *lockedBuffer, func() int) {
 	t.Helper()
 	var errb lockedBuffer
 	e := &env{Stdin: strings.NewReader(""), Stdout: &bytes.Buffer{}, Stderr: &errb, Getenv: func(k string) string { return vars[k] }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	go func() {
-		done <- runServe(ctx, e, []string{"--data", t.TempDir(), "--addr", "127.0.0.1:0", "--log-format", "json"})
+		done <- runServe(ctx, e, append([]string{"--data", t.TempDir(), "--addr", "127.0.0.1:0", "--log-format", "json"}, extra...))
 	}()
 	stop := func() int {
 		cancel()
