@@ -660,6 +660,13 @@ func TestOpenAPI_ResponsesMatchHandlers(t *testing.T) {
 		t.Fatalf("after the unsubscribe: %s", b.Body)
 	}
 
+	// The page's way back, and a channel that has none.
+	c.do("POST", link+"/resubscribe", "confirm=1", 200, noAuth, form)
+	c.do("POST", "/unsubscribe/not-a-token/resubscribe", "confirm=1", 400, noAuth, form)
+	c.do("POST", "/unsubscribe/"+a.cfg.Unsub.Token("default", "u_1", envelope.ChannelTelegram, "ref")+"/resubscribe", "confirm=1", 400, noAuth, form)
+	c.do("POST", link+"/resubscribe", "confirm=1&pad="+strings.Repeat("x", maxFormBytes), 413, noAuth, form)
+	c.do("POST", "/v1/envelopes", js(digest("d/3", "u_1")), 201) // subscribed again
+
 	// A store that cannot write, or fails, says so.
 	for _, tc := range []struct {
 		errno  syscall.Errno
