@@ -627,8 +627,17 @@ func (dr *faultDrill) checkAlive() {
 // serve shows: bbolt reads its memory map past the file's new end.
 const knownCut = "serve killed after index.db was emptied under it (SIGBUS: bbolt's memory map read past the end of the file, or a bbolt page assertion on the zeros written back)"
 
-// crashed records a serve that died: a known defect or a new one.
+// damagedStop is what serve logs when it stops by itself because its
+// index was damaged under it (queue/filestore/damage.go).
+const damagedStop = "the index was damaged under the running store"
+
+// crashed records a serve that died: the clean stop of a damaged index, a
+// known defect or a new one.
 func (dr *faultDrill) crashed(what, logs string) {
+	if strings.Contains(logs, damagedStop) && !strings.Contains(logs, "panic:") && !strings.Contains(logs, "fatal error:") && !strings.Contains(logs, "SIGBUS") {
+		dr.steps["serve stopped itself: its index was damaged under it"]++
+		return
+	}
 	if dr.cutUnderServe && (strings.Contains(logs, "SIGBUS") || strings.Contains(logs, "assertion failed: Page expected to be")) {
 		dr.known[knownCut]++
 		dr.t.Logf("KNOWN DEFECT (store core): %s: %s", knownCut, firstLine(crashOf(logs)))

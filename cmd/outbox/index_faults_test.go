@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -168,6 +170,66 @@ func TestFault_LostIndexNotResent(t *testing.T) {
 				t.Fatalf("%d deliveries after the rebuild, want %d (nothing again)", calls, n)
 			}
 		})
+	}
+}
+
+// An index.db emptied under a running serve (an operator's "> index.db"):
+// serve stops by itself with exit 1 and a message naming doctor, without a
+// crash (bbolt's memory map read past the file's end was a SIGBUS); every
+// acknowledged envelope survives the rebuild, and nothing delivered is
+// delivered again.
+func TestFault_IndexEmptiedUnderServe(t *testing.T) {
+	bin := buildBinary(t)
+	data := t.TempDir()
+	d, out, _ := tryServe(t, bin, data)
+	if d == nil {
+		t.Fatalf("serve:\n%s", out)
+	}
+	const n = 20
+	var batch []json.RawMessage
+	for j := range n {
+		batch = append(batch, replyJSON(fmt.Sprintf("r%04d", j), "u"+strconv.Itoa(j%7)))
+	}
+	body, _ := json.Marshal(batch)
+	if code, b := request(t, "POST", d.base+"/v1/envelopes", faultToken, body); code != 201 {
+		t.Fatalf("POST = %d %s", code, b)
+	}
+	eventually(t, "every reply delivered", func() bool { c, _ := journal(t, data); return c >= n })
+	if err := os.Truncate(filepath.Join(data, "index.db"), 0); err != nil {
+		t.Fatal(err)
+	}
+	// The next call on the index finds it: a read (an operator's GET)
+	// or the worker's next turn, whichever comes first.
+	code, _ := request(t, "GET", d.base+"/v1/envelopes/r0000", faultToken, nil)
+	exited := make(chan error, 1)
+	go func() { <-d.scanned; exited <- d.cmd.Wait() }()
+	var err error
+	select {
+	case err = <-exited:
+	case <-time.After(60 * time.Second):
+		d.kill()
+		t.Fatalf("serve still runs a minute after its index was emptied (GET answered %d):\n%s", code, d.logs)
+	}
+	logs := d.logs.String()
+	noCrash(t, "serve", logs)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitFailure || !strings.Contains(logs, "the index was damaged under the running store") || !strings.Contains(logs, "outbox doctor --rebuild") {
+		t.Fatalf("serve after its index was emptied: %v, want exit 1 naming the damage and outbox doctor --rebuild:\n%s", err, logs)
+	}
+	if code == http.StatusOK {
+		t.Errorf("GET of an envelope after the index was emptied answered 200")
+	}
+	if out, code := outbox(t, bin, "doctor", "--rebuild", "--data", data); code != 0 || !strings.Contains(out, fmt.Sprintf("rebuilt: %d envelopes", n)) {
+		t.Fatalf("doctor --rebuild = %d:\n%s", code, out)
+	}
+	d, out, _ = tryServe(t, bin, data)
+	if d == nil {
+		t.Fatalf("serve after the rebuild:\n%s", out)
+	}
+	settled(t, bin, data)
+	d.stop(t)
+	if calls, twice := journal(t, data); calls != n || twice != 0 {
+		t.Fatalf("%d deliveries of %d replies, %d twice; want each once", calls, n, twice)
 	}
 }
 

@@ -261,6 +261,9 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	code := exitOK
 	select {
 	case <-ctx.Done():
+	case <-a.q.Damaged():
+		log.Error("stopping: "+a.q.DamageError().Error(), "operation", "serve", "status", "damaged")
+		code = exitFailure
 	case err := <-srvErr:
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http server failed", "operation", "serve", "status", "error")

@@ -48,6 +48,9 @@ type Queue struct {
 	ops    chan *op
 	notify chan struct{}
 
+	damage  atomic.Pointer[CorruptIndexError] // found at run time (damage.go)
+	damaged chan struct{}                     // closed with damage
+
 	// beforeCommit, set only by tests, runs inside every write transaction
 	// after its ops: an error fails the transaction (a full disk, an I/O
 	// error during the bbolt commit).
@@ -212,6 +215,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		known:    map[string][]*prepared{},
 		cache:    newEnvCache(envCacheSize),
 		stop:     make(chan struct{}),
+		damaged:  make(chan struct{}),
 		ready:    make(chan struct{}),
 	}
 	q.db.Store(db)
@@ -351,7 +355,14 @@ func (q *Queue) Close() error {
 		q.wg.Wait()
 		q.app.Close()
 		removePID(q.dir)
-		err = q.db.Load().Close()
+		if q.damageErr() == nil {
+			err = q.db.Load().Close()
+		} else {
+			// A fault inside a bbolt transaction may have left bbolt's
+			// locks held: its Close would wait for ever. The file and its
+			// mapping go with the process.
+			err = q.damageErr()
+		}
 		if q.ownLock {
 			q.lock.release()
 		}
@@ -377,7 +388,7 @@ func (q *Queue) writeLoop() {
 	syncTimer.Stop()
 	unsynced := false
 	defer func() {
-		if unsynced && !q.opts.NoSync {
+		if unsynced && !q.opts.NoSync && q.damageErr() == nil {
 			_ = q.db.Load().Sync()
 		}
 	}()
@@ -416,35 +427,38 @@ func (q *Queue) writeLoop() {
 		for _, o := range batch {
 			skipSync = skipSync && o.skipSync
 		}
+		if err := q.damageErr(); err != nil {
+			for _, o := range batch {
+				o.finish(err)
+			}
+			continue
+		}
 		db := q.db.Load()
 		db.NoSync = q.opts.NoSync || skipSync
 		q.txDelta = map[countKey]int{}
-		err := db.Update(func(tx *bolt.Tx) (err error) {
-			// A damaged index that the check at Open let through fails
-			// the transaction (rolled back), not the process.
-			defer func() {
-				if r := recover(); r != nil {
-					err = &CorruptIndexError{Path: q.indexPath(), Reason: fmt.Sprint(r)}
+		err := q.guard(func() error {
+			// A damaged index that the check at Open let through fails the
+			// transaction (rolled back) and the store, not the process.
+			return db.Update(func(tx *bolt.Tx) error {
+				if err := q.journalBegin(tx); err != nil {
+					return err
 				}
-			}()
-			if err := q.journalBegin(tx); err != nil {
-				return err
-			}
-			for _, o := range batch {
-				mark := len(q.txJournal)
-				if o.err = o.fn(tx); o.err != nil {
-					q.txJournal = q.txJournal[:mark]
+				for _, o := range batch {
+					mark := len(q.txJournal)
+					if o.err = o.fn(tx); o.err != nil {
+						q.txJournal = q.txJournal[:mark]
+					}
 				}
-			}
-			// The journal's lines are durable before the commit that
-			// acknowledges them.
-			if err := q.flushJournal(tx); err != nil {
-				return err
-			}
-			if hook := q.beforeCommit.Load(); hook != nil {
-				return (*hook)()
-			}
-			return nil
+				// The journal's lines are durable before the commit that
+				// acknowledges them.
+				if err := q.flushJournal(tx); err != nil {
+					return err
+				}
+				if hook := q.beforeCommit.Load(); hook != nil {
+					return (*hook)()
+				}
+				return nil
+			})
 		})
 		q.journalDone(err)
 		if err == nil {
@@ -492,6 +506,9 @@ func (q *Queue) run(ctx context.Context, o *op) error {
 	}
 	if q.isClosed() {
 		return queue.ErrClosed
+	}
+	if err := q.damageErr(); err != nil {
+		return err
 	}
 	select {
 	case q.ops <- o:
@@ -552,8 +569,11 @@ func (q *Queue) viewNow(fn func(tx *bolt.Tx) error) error {
 // new one: the same content, as no write commits meanwhile.
 func (q *Queue) dbView(fn func(tx *bolt.Tx) error) error {
 	for {
+		if err := q.damageErr(); err != nil {
+			return err
+		}
 		db := q.db.Load()
-		err := db.View(fn)
+		err := q.guard(func() error { return db.View(fn) })
 		if errors.Is(err, berrors.ErrDatabaseNotOpen) && q.db.Load() != db {
 			continue
 		}

@@ -70,6 +70,8 @@ func runChild(mode, dir, arg string) int {
 			return 1
 		}
 		return 3 // never killed
+	case "index-cut": // arg: "read" or "write", the first call after index.db is emptied
+		return indexCut(dir, arg)
 	case "enqueue-loop": // enqueue until killed; print each acknowledged id
 		q, err := filestore.Open(dir, &filestore.Options{RescanInterval: -1})
 		if err != nil {

@@ -1,0 +1,111 @@
+package filestore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore"
+	"github.com/outboxhq/outbox/queue/queuetest"
+)
+
+// indexCut (a child process) enqueues 20 envelopes, empties index.db
+// under the open store as an operator's "> index.db" would, and makes one
+// call: it must fail with a *CorruptIndexError, not kill the process, and
+// every call after it must fail too.
+func indexCut(dir, first string) int {
+	ctx := context.Background()
+	q, err := filestore.Open(dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer q.Close()
+	for i := range 20 {
+		if _, err := q.Enqueue(ctx, queuetest.Reply(fmt.Sprintf("r%d", i), fmt.Sprintf("u%d", i%3), "hi")); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	if _, err := q.Get(ctx, "", "r19"); err != nil { // the index has them
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := os.Truncate(filepath.Join(dir, filestore.IndexFile), 0); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	var calls []func() error
+	read := func() error { _, err := q.Counts(ctx, ""); return err }
+	write := func() error {
+		_, err := q.Enqueue(ctx, queuetest.Reply("late", "u9", "hi"))
+		if err != nil {
+			return err
+		}
+		// The append is acknowledged before its index update; the
+		// claim after it is a write of the index.
+		_, err = q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: 60e9, Limit: 5})
+		return err
+	}
+	if first == "read" {
+		calls = []func() error{read, write}
+	} else {
+		calls = []func() error{write, read}
+	}
+	for i, call := range calls {
+		err := call()
+		var ce *filestore.CorruptIndexError
+		if !errors.As(err, &ce) {
+			fmt.Fprintf(os.Stderr, "call %d after the cut: %v, want a *CorruptIndexError\n", i, err)
+			return 1
+		}
+		if !strings.Contains(err.Error(), "outbox doctor --rebuild") {
+			fmt.Fprintf(os.Stderr, "call %d: %v does not point at outbox doctor\n", i, err)
+			return 1
+		}
+	}
+	select {
+	case <-q.Damaged():
+	default:
+		fmt.Fprintln(os.Stderr, "Damaged is not closed")
+		return 1
+	}
+	if q.DamageError() == nil {
+		fmt.Fprintln(os.Stderr, "DamageError is nil")
+		return 1
+	}
+	return 0
+}
+
+// An index emptied under a running store fails its calls with a clear
+// error instead of killing the process (SIGBUS from the memory map, or a
+// bbolt assertion on pages of zeros), and the logs rebuild everything.
+func TestIndexCutUnderRunningStore(t *testing.T) {
+	for _, first := range []string{"read", "write"} {
+		t.Run(first, func(t *testing.T) {
+			dir := t.TempDir()
+			out, err := child(t, "index-cut", dir, first).Output()
+			if err != nil {
+				t.Fatalf("the child: %v (stdout %q)", err, out)
+			}
+			if _, err := filestore.Open(dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1}); err == nil || !strings.Contains(err.Error(), "doctor") {
+				t.Fatalf("Open after the cut: %v, want a refusal that points at outbox doctor", err)
+			}
+			if _, err := filestore.Rebuild(dir, nil); err != nil {
+				t.Fatal(err)
+			}
+			q := mustOpen(t, dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+			for i := range 20 {
+				if _, err := q.Get(context.Background(), envelope.DefaultTenant, fmt.Sprintf("r%d", i)); err != nil {
+					t.Errorf("r%d after the rebuild: %v", i, err)
+				}
+			}
+		})
+	}
+}
