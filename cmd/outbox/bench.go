@@ -34,8 +34,8 @@ func init() {
 
 const benchHelp = `Usage: outbox bench [flags]
 
-Runs the phases of the benchmark harness (../shared/bench in the project's
-workspace) on a fresh store each, with 1 KiB envelopes:
+Runs the phases of the project's benchmark harness on a fresh store each,
+with 1 KiB envelopes (figures and how to compare them: docs/capacity.md):
 
   send_p1   1 producer enqueues N envelopes (closed loop)
   drain_c1  1 worker slot drains them: claim → render → deliver to a no-op
@@ -51,7 +51,7 @@ commit). Claims and commits are bbolt transactions without fsync: the no-op
 provider declares that it redelivers idempotently (as Resend does under its
 Idempotency-Key), so a claim lost to a machine crash is redelivered under the
 same key; a worker with a provider that does not (Telegram, Web Push) fsyncs
-each claim (see README, "Reliability"). --relaxed skips the enqueue's fsync
+each claim (see docs/reliability.md). --relaxed skips the enqueue's fsync
 too (not durable against a machine crash).
 
 Flags:
