@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -379,5 +380,30 @@ func TestDocs_RelativeLinksExist(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("no relative link found: the pattern is broken")
+	}
+}
+
+// docs/configuration.md lists every flag of serve with its variable.
+func TestDocs_ConfigurationListsEveryServeFlag(t *testing.T) {
+	b, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	s := newSettings("serve", &env{Getenv: func(string) string { return "" }})
+	addServeFlags(s)
+	envOf := regexp.MustCompile(`\(env (\w+)\)`)
+	n := 0
+	s.fs.VisitAll(func(f *flag.Flag) {
+		n++
+		if !strings.Contains(doc, "| `--"+f.Name+"` |") {
+			t.Errorf("docs/configuration.md has no row for --%s (%s)", f.Name, f.Usage)
+		}
+		if m := envOf.FindStringSubmatch(f.Usage); m != nil && !strings.Contains(doc, "`"+m[1]+"`") {
+			t.Errorf("docs/configuration.md does not name %s (--%s)", m[1], f.Name)
+		}
+	})
+	if n == 0 {
+		t.Fatal("serve has no flags: the test reads the wrong flag set")
 	}
 }
