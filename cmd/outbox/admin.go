@@ -34,9 +34,23 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 	}
 	sockUp := socketUp(*data)
 	idx := filepath.Join(*data, filestore.IndexFile)
-	_, statErr := os.Stat(idx)
+	fi, statErr := os.Stat(idx)
 	var rep *filestore.Report
 	var err error
+	if !*rebuild && !sockUp && neverOpened(*data) && (statErr != nil || fi.Size() == 0) {
+		// Only appended to (outbox enqueue, a foreign appender): what serve
+		// would do is index the records as new work, not rebuild them as
+		// rows of unknown fate.
+		fmt.Fprintln(e.Stdout, "no index yet (the store was never opened): indexing the logs' records as new work, as outbox serve does")
+		q, err := filestore.Open(*data, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+		if err != nil {
+			return fail(e, "%v", err)
+		}
+		if err := q.Close(); err != nil {
+			return fail(e, "%v", err)
+		}
+		fi, statErr = os.Stat(idx)
+	}
 	switch {
 	case *rebuild && sockUp:
 		return fail(e, "outbox serve is running on %s: stop it before --rebuild", *data)
@@ -187,4 +201,11 @@ func doctorAdvice(problems []string) string {
 		return "the store's consent journal has problems (see the hints above); a rebuild reads the journal and would lose what it lacks, so do not rebuild for these"
 	}
 	return "the store has problems in its logs (see the hints above); a rebuild cannot bring back records that are gone from them, and their rows end dead_letter (record_lost) when claimed, so do not rebuild for these"
+}
+
+// neverOpened reports whether the store in dir never had an index: no
+// stamp (filestore.StampFile), though its logs may hold appended records.
+func neverOpened(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, filestore.StampFile))
+	return errors.Is(err, os.ErrNotExist)
 }

@@ -112,3 +112,33 @@ func TestCLI_HintsWhereToLook(t *testing.T) {
 		t.Fatalf("consent show of an unknown user = %d %q", code, out)
 	}
 }
+
+// A store only appended to (outbox enqueue before any serve): doctor and
+// the operator commands index its records as new work, as serve does,
+// not as rows of unknown fate.
+func TestDoctor_StoreOnlyAppendedTo(t *testing.T) {
+	for _, first := range []string{"doctor", "ls"} {
+		t.Run(first, func(t *testing.T) {
+			data := t.TempDir()
+			env := `{"schema_version":"1","id":"reply/tg/1/m2","user_id":"u_7","channel":"telegram","template":"reply-text.v1","recipient":{"chat_id":"7"},"payload":{"text":"hi"},"created_at":"` + time.Now().UTC().Format(time.RFC3339) + `"}`
+			f := filepath.Join(t.TempDir(), "e.json")
+			if err := os.WriteFile(f, []byte(env), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if out, errs, code := runCmd(t, "enqueue", "--data", data, f); code != 0 {
+				t.Fatalf("enqueue = %d %s %s", code, out, errs)
+			}
+			out, errs, code := runCmd(t, first, "--data", data)
+			if code != 0 || strings.Contains(out, "rebuil") || strings.Contains(out, "unresolved") {
+				t.Fatalf("%s on a store only appended to = %d\n%s\n%s", first, code, out, errs)
+			}
+			out, _, code = runCmd(t, "ls", "--data", data, "--json")
+			if code != 0 || !strings.Contains(out, `"state": "pending"`) || strings.Contains(out, "index_rebuilt") {
+				t.Fatalf("the appended row after %s:\n%s", first, out)
+			}
+			if out, _, code := runCmd(t, "doctor", "--data", data); code != 0 || !strings.Contains(out, "ok") {
+				t.Fatalf("doctor afterwards = %d %s", code, out)
+			}
+		})
+	}
+}

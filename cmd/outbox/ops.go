@@ -253,10 +253,13 @@ func openBackend(dir string) (backend, func(), error) {
 		return &socketBackend{c: c}, func() {}, nil
 	}
 	if _, err := os.Stat(filepath.Join(dir, filestore.IndexFile)); err != nil {
-		if _, err := os.Stat(filepath.Join(dir, filestore.StampFile)); err == nil {
+		if !neverOpened(dir) {
 			return nil, nil, fmt.Errorf("the index %s is missing (the store had one): run \"outbox doctor --rebuild --data %s\" to rebuild it from the logs", filepath.Join(dir, filestore.IndexFile), dir)
 		}
-		return nil, nil, fmt.Errorf("no store in %s (run outbox serve or outbox demo first, or pass --data)", dir)
+		if _, err := os.Stat(filepath.Join(dir, "logs")); err != nil {
+			return nil, nil, fmt.Errorf("no store in %s (run outbox serve or outbox demo first, or pass --data)", dir)
+		}
+		// Only appended to: opening indexes the records as new work.
 	}
 	q, err := filestore.Open(dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
 	if err != nil {

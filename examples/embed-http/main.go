@@ -1,8 +1,7 @@
-// Command embed-http is the README's "Embed the HTTP handlers" example,
-// whole: an app that mounts outbox's handlers in its own mux, next to its
-// own routes, with its own sign-in deciding whose push subscription a
-// browser saves. A test keeps the README's snippet equal to the part
-// between the README markers.
+// Command embed-http mounts outbox's HTTP handlers in an app's own mux,
+// next to its own routes, with its own sign-in deciding whose push
+// subscription a browser saves (docs/embedding.md points here; the test
+// drives it).
 package main
 
 import (
@@ -49,7 +48,6 @@ func session(r *http.Request) (string, error) {
 
 // setup returns the app's mux and the queue it serves.
 func setup(dir, token, vapidPublicKey string) (http.Handler, *filestore.Queue, error) {
-	// README begin
 	q, err := filestore.Open(dir, nil)
 	if err != nil {
 		return nil, nil, err
@@ -80,6 +78,5 @@ func setup(dir, token, vapidPublicKey string) (http.Handler, *filestore.Queue, e
 	mux.Handle("/api/app/push/", api)
 	mux.Handle("/v1/", api) // or keep /v1 and /internal off the public listener
 	mux.Handle("/internal/", api)
-	// README end
 	return mux, q, nil
 }
