@@ -17,10 +17,6 @@ import (
 	"syscall"
 )
 
-// version is set with -ldflags "-X main.version=…"; otherwise the module
-// version from the build info is used.
-var version = ""
-
 // Exit codes.
 const (
 	exitOK      = 0
@@ -113,16 +109,6 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  %-11s %s\n", "version", "print the version")
 	fmt.Fprintf(w, "  %-11s %s\n", "help", "this list; \"outbox help CMD\" shows a command's flags")
-}
-
-func buildVersion() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
 }
 
 // parseFlags parses args with fs, printing usage errors the way every
