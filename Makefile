@@ -16,6 +16,12 @@ help: ## list the targets
 build: ## build bin/outbox
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/outbox ./cmd/outbox
 
+.PHONY: completion
+completion: build ## write the bash and zsh completion scripts to bin/completion/ (docs/operations-files.md says where they go)
+	@mkdir -p bin/completion
+	bin/outbox completion bash > bin/completion/outbox.bash
+	bin/outbox completion zsh > bin/completion/_outbox
+
 .PHONY: test
 test: cross ## go vet, the cross-builds, then every test with -race -shuffle=on (what CI runs)
 	$(GO) vet $(PKGS)

@@ -34,6 +34,10 @@ type env struct {
 	// Environ lists the environment (os.Environ), for settings named by a
 	// pattern (OUTBOX_WECOM_ROBOT_<NAME>_KEY); nil means none.
 	Environ func() []string
+	// describe, when set, receives the command's flag set in place of
+	// parsing (parseFlags), and the command returns: how completion
+	// learns each command's flags.
+	describe func(*flag.FlagSet)
 }
 
 // command is one subcommand.
@@ -46,6 +50,12 @@ type command struct {
 }
 
 var commands = map[string]*command{}
+
+// builtins are the words run handles itself, after the commands in usage.
+var builtins = []command{
+	{Name: "version", Short: "print the version"},
+	{Name: "help", Short: "this list; \"outbox help CMD\" shows a command's flags"},
+}
 
 // register adds a subcommand; each lives in its own file.
 func register(c *command) {
@@ -107,8 +117,9 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-11s %s\n", n, commands[n].Short)
 	}
-	fmt.Fprintf(w, "  %-11s %s\n", "version", "print the version")
-	fmt.Fprintf(w, "  %-11s %s\n", "help", "this list; \"outbox help CMD\" shows a command's flags")
+	for _, b := range builtins {
+		fmt.Fprintf(w, "  %-11s %s\n", b.Name, b.Short)
+	}
 }
 
 // parseFlags parses args with fs, printing usage errors the way every
@@ -118,6 +129,10 @@ func usage(w io.Writer) {
 // Flags may come before and after the arguments (outbox resolve ID --as
 // sent); "--" ends the flags, and what follows it is arguments only.
 func parseFlags(fs *flag.FlagSet, e *env, args []string) (int, bool) {
+	if e.describe != nil {
+		e.describe(fs)
+		return exitOK, true
+	}
 	fs.SetOutput(e.Stderr)
 	var pos []string
 	for {
