@@ -9,13 +9,14 @@ import (
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore"
+	"github.com/outboxhq/outbox/queue/httpapi"
 )
 
 func init() {
 	register(&command{Name: "enqueue", Short: "append envelopes to their users' logs (no daemon needed)", Run: runEnqueue})
 }
 
-const enqueueHelp = `Usage: outbox enqueue [--data DIR] FILE...|-
+const enqueueHelp = `Usage: outbox enqueue [--data DIR] [--json] FILE...|-
 
 Appends envelopes (a file holds one envelope, a JSON array or JSON Lines; -
 reads stdin) to their users' append logs in --data, each log under its
@@ -28,6 +29,11 @@ the exit code is 1.
 Prints "queued TENANT/ID" per envelope, or "duplicate TENANT/ID" when the
 store is readable (outbox serve not running) and already has it.
 
+With --json it prints one JSON object on stdout instead, and the same exit
+code: validate --json's (outbox help validate) with each envelope's status,
+queued or duplicate, and, when nothing was appended, "ok": false and
+"error" saying why.
+
 Flags:
 `
 
@@ -35,6 +41,7 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 	s := newSettings("enqueue", e)
 	s.usage(enqueueHelp)
 	data := dataFlag(s)
+	js := s.fs.Bool("json", false, "print the results as one JSON object on stdout (see above)")
 	if code, done := s.parse(args); done {
 		return code
 	}
@@ -43,16 +50,38 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintln(e.Stderr, "Error: name at least one FILE (or - for stdin)\nTry: outbox help enqueue")
 		return exitUsage
 	}
-	var all []*envelope.Envelope
-	ok := true
-	for _, f := range files {
-		_, envs, fileOK := readEnvelopes(e, f)
-		ok = ok && fileOK
-		all = append(all, envs...)
+	if code, ok := oneStdin(e, files, "enqueue"); !ok {
+		return code
 	}
-	if !ok {
-		fmt.Fprintln(e.Stderr, "Error: invalid envelopes: nothing was appended")
+	out := batchResult{OK: true, Files: []fileResult{}, Envelopes: []envelopeResult{}}
+	var all []*envelope.Envelope
+	var at, fileOf []int // index in out.Envelopes and out.Files of each of all
+	for _, f := range files {
+		in := loadFile(e, f)
+		if !*js {
+			in.printProblems(e)
+		}
+		for _, i := range in.at {
+			at = append(at, len(out.Envelopes)+i)
+			fileOf = append(fileOf, len(out.Files))
+		}
+		out.add(in)
+		all = append(all, in.envs...)
+	}
+	// refuse ends the command with nothing appended.
+	refuse := func(format string, a ...any) int {
+		msg := fmt.Sprintf(format, a...)
+		if !*js {
+			return fail(e, "%s", msg)
+		}
+		out.OK, out.Error = false, msg
+		if code := printJSON(e, out); code != exitOK {
+			return code
+		}
 		return exitFailure
+	}
+	if !out.OK {
+		return refuse("invalid envelopes: nothing was appended")
 	}
 	keys := make([]envelope.Key, len(all))
 	for i, env := range all {
@@ -65,33 +94,44 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 	if errors.Is(err, filestore.ErrStoreBusy) {
 		known = nil // serve has the store: it dedupes when it indexes
 	} else if err != nil {
-		return fail(e, "read the index: %v", err)
+		return refuse("read the index: %v", err)
 	}
 	seen := map[envelope.Key]bool{}
 	var fresh []*envelope.Envelope
+	var freshAt []int // index in all of each of fresh
 	for i, env := range all {
 		if known[keys[i]] || seen[keys[i]] {
-			fmt.Fprintf(e.Stdout, "duplicate %s/%s\n", env.TenantID, env.ID)
+			out.Envelopes[at[i]].Status = enqueueDuplicate
 			continue
 		}
 		seen[keys[i]] = true
 		fresh = append(fresh, env)
-	}
-	if len(fresh) == 0 {
-		return exitOK
+		freshAt = append(freshAt, i)
 	}
 	now := time.Now()
-	for _, env := range fresh {
+	for i, env := range fresh {
 		if queue.Expired(env.ExpiresAt, now) {
-			return fail(e, "envelope %s/%s: expires_at %s is already past (it could never be delivered): nothing was appended",
+			r := &out.Envelopes[at[freshAt[i]]]
+			r.OK, out.Files[fileOf[freshAt[i]]].OK = false, false
+			// The HTTP API's problem for it (CodeExpired).
+			r.Problems = []httpapi.Problem{{Index: r.Index, Path: "expires_at", Rule: "must be in the future"}}
+			return refuse("envelope %s/%s: expires_at %s is already past (it could never be delivered): nothing was appended",
 				env.TenantID, env.ID, env.ExpiresAt.UTC().Format(time.RFC3339))
 		}
 	}
-	if err := filestore.Append(*data, fresh...); err != nil {
-		return fail(e, "%v", err)
+	if len(fresh) > 0 {
+		if err := filestore.Append(*data, fresh...); err != nil {
+			return refuse("%v", err)
+		}
 	}
-	for _, env := range fresh {
-		fmt.Fprintf(e.Stdout, "queued %s/%s\n", env.TenantID, env.ID)
+	for _, i := range freshAt {
+		out.Envelopes[at[i]].Status = enqueueQueued
+	}
+	if *js {
+		return printJSON(e, out)
+	}
+	for i, env := range all {
+		fmt.Fprintf(e.Stdout, "%s %s/%s\n", out.Envelopes[at[i]].Status, env.TenantID, env.ID)
 	}
 	return exitOK
 }

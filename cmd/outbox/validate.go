@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os"
 
 	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue/httpapi"
 )
 
 func init() {
@@ -25,7 +27,7 @@ func init() {
 	})
 }
 
-const validateUsage = `Usage: outbox validate FILE...
+const validateUsage = `Usage: outbox validate [--json] FILE...
 
 Checks every envelope in each FILE ("-" is stdin) against the envelope
 JSON Schema and the rules a schema cannot state (the moat rule, deep
@@ -39,6 +41,14 @@ prints one line per problem on stderr,
 
 where LINE is the line on which the envelope (or array element) starts,
 and exits 1. Nothing is stored or sent.
+
+With --json it prints one JSON object on stdout instead, and the same exit
+code: {"ok", "files": [{"file", "ok", "envelopes", "problem": {"line",
+"rule"}}], "envelopes": [{"file", "line", "index", "tenant_id", "id", "ok",
+"problems": [{"index", "path", "rule"}]}]}; index counts a file's envelopes
+from 0, problems have the HTTP API's shape.
+
+Flags:
 `
 
 const schemaUsage = `Usage: outbox schema
@@ -50,7 +60,8 @@ validator. The fixtures in testdata/delivery/ show what passes and fails.
 
 func runValidate(ctx context.Context, e *env, args []string) int {
 	flags := flag.NewFlagSet("validate", flag.ContinueOnError)
-	flags.Usage = func() { fmt.Fprint(flags.Output(), validateUsage) }
+	flags.Usage = func() { fmt.Fprint(flags.Output(), validateUsage); flags.PrintDefaults() }
+	js := flags.Bool("json", false, "print the results as one JSON object on stdout (see above)")
 	if code, done := parseFlags(flags, e, args); done {
 		return code
 	}
@@ -59,50 +70,137 @@ func runValidate(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.Stderr, "Error: validate needs at least one FILE (\"-\" for stdin)\nTry: outbox help validate\n")
 		return exitUsage
 	}
-	stdinUsed := false
-	for _, f := range files {
-		if f == "-" {
-			if stdinUsed {
-				fmt.Fprintf(e.Stderr, "Error: \"-\" (stdin) given more than once\nTry: outbox help validate\n")
-				return exitUsage
-			}
-			stdinUsed = true
-		}
+	if code, ok := oneStdin(e, files, "validate"); !ok {
+		return code
 	}
 
-	code := exitOK
+	out := batchResult{OK: true, Files: []fileResult{}, Envelopes: []envelopeResult{}}
 	for _, f := range files {
 		if err := ctx.Err(); err != nil {
 			return fail(e, "validate: %v", err)
 		}
-		if !validateFile(e, f) {
-			code = exitFailure
+		in := loadFile(e, f)
+		out.add(in)
+		if *js {
+			continue
+		}
+		in.printProblems(e)
+		if in.ok() {
+			fmt.Fprintf(e.Stdout, "ok %s: %d envelope(s)\n", in.file.File, len(in.envs))
 		}
 	}
-	return code
-}
-
-// validateFile checks one file, printing its result; it reports whether
-// every envelope in it is valid.
-func validateFile(e *env, name string) bool {
-	display, envs, ok := readEnvelopes(e, name)
-	if ok {
-		fmt.Fprintf(e.Stdout, "ok %s: %d envelope(s)\n", display, len(envs))
+	if *js {
+		if code := printJSON(e, out); code != exitOK {
+			return code
+		}
 	}
-	return ok
+	if !out.OK {
+		return exitFailure
+	}
+	return exitOK
 }
 
-// readEnvelopes reads and validates the envelopes of one file ("-" is
-// stdin): one envelope, a JSON array or JSON Lines. It prints every problem
-// as FILE:LINE: path: rule on stderr and reports whether all were valid.
-func readEnvelopes(e *env, name string) (display string, envs []*envelope.Envelope, ok bool) {
-	display = name
+// oneStdin refuses "-" named twice.
+func oneStdin(e *env, files []string, cmd string) (int, bool) {
+	stdinUsed := false
+	for _, f := range files {
+		if f == "-" {
+			if stdinUsed {
+				fmt.Fprintf(e.Stderr, "Error: \"-\" (stdin) given more than once\nTry: outbox help %s\n", cmd)
+				return exitUsage, false
+			}
+			stdinUsed = true
+		}
+	}
+	return 0, true
+}
+
+// batchResult is what validate --json and enqueue --json print.
+type batchResult struct {
+	OK bool `json:"ok"`
+	// Error says why enqueue appended nothing (invalid envelopes, an
+	// unreadable index, a failed append).
+	Error     string           `json:"error,omitempty"`
+	Files     []fileResult     `json:"files"`
+	Envelopes []envelopeResult `json:"envelopes"`
+}
+
+func (b *batchResult) add(in *loadedFile) {
+	b.OK = b.OK && in.ok()
+	b.Files = append(b.Files, in.file)
+	b.Envelopes = append(b.Envelopes, in.results...)
+}
+
+// fileResult is one FILE: how many envelopes it holds, or why it could
+// not be read or cut into envelopes.
+type fileResult struct {
+	File      string       `json:"file"`
+	OK        bool         `json:"ok"`
+	Envelopes int          `json:"envelopes"`
+	Problem   *fileProblem `json:"problem,omitempty"`
+}
+
+type fileProblem struct {
+	Line int    `json:"line,omitempty"` // 0: the file as a whole (it cannot be read)
+	Rule string `json:"rule"`
+}
+
+// envelopeResult is one envelope of a FILE. Index counts the file's
+// envelopes from 0, as the problems' index does (the HTTP API's shape,
+// where it counts a request's envelopes); Line is where the envelope
+// starts. Status is enqueue's: queued or duplicate.
+type envelopeResult struct {
+	File     string            `json:"file"`
+	Line     int               `json:"line"`
+	Index    int               `json:"index"`
+	Tenant   string            `json:"tenant_id,omitempty"`
+	ID       string            `json:"id,omitempty"`
+	OK       bool              `json:"ok"`
+	Status   string            `json:"status,omitempty"`
+	Problems []httpapi.Problem `json:"problems,omitempty"`
+}
+
+// Statuses of enqueue's envelopes.
+const (
+	enqueueQueued    = "queued"
+	enqueueDuplicate = "duplicate"
+)
+
+// loadedFile is one FILE read and validated.
+type loadedFile struct {
+	file    fileResult
+	results []envelopeResult
+	envs    []*envelope.Envelope // the valid ones
+	at      []int                // index in results of each of envs
+}
+
+func (f *loadedFile) ok() bool { return f.file.OK }
+
+// printProblems prints the file's problems, FILE:LINE: path: rule, on
+// stderr.
+func (f *loadedFile) printProblems(e *env) {
+	if p := f.file.Problem; p != nil && p.Line == 0 {
+		fmt.Fprintf(e.Stderr, "%s: %s\n", f.file.File, p.Rule)
+	} else if p != nil {
+		fmt.Fprintf(e.Stderr, "%s:%d: %s\n", f.file.File, p.Line, envelope.Problem{Rule: p.Rule})
+	}
+	for _, r := range f.results {
+		for _, p := range r.Problems {
+			fmt.Fprintf(e.Stderr, "%s:%d: %s\n", f.file.File, r.Line, envelope.Problem{Path: p.Path, Rule: p.Rule})
+		}
+	}
+}
+
+// loadFile reads and validates the envelopes of one file ("-" is stdin):
+// one envelope, a JSON array or JSON Lines.
+func loadFile(e *env, name string) *loadedFile {
+	f := &loadedFile{file: fileResult{File: name}}
 	var (
 		data []byte
 		err  error
 	)
 	if name == "-" {
-		display = "<stdin>"
+		f.file.File = "<stdin>"
 		data, err = io.ReadAll(e.Stdin)
 	} else {
 		data, err = os.ReadFile(name)
@@ -112,43 +210,78 @@ func readEnvelopes(e *env, name string) (display string, envs []*envelope.Envelo
 		if errors.As(err, &pe) {
 			err = pe.Err // the name is already on the line
 		}
-		fmt.Fprintf(e.Stderr, "%s: cannot read: %v\n", display, err)
-		return display, nil, false
+		f.file.Problem = &fileProblem{Rule: "cannot read: " + err.Error()}
+		return f
 	}
 
 	inputs, err := envelope.SplitInput(data)
 	if err != nil {
 		var ie *envelope.InputError
 		if errors.As(err, &ie) {
-			fmt.Fprintf(e.Stderr, "%s:%d: %s\n", display, ie.Line, envelope.Problem{Rule: ie.Reason})
+			f.file.Problem = &fileProblem{Line: ie.Line, Rule: ie.Reason}
 		} else {
-			fmt.Fprintf(e.Stderr, "%s:1: %s\n", display, envelope.Problem{Rule: err.Error()})
+			f.file.Problem = &fileProblem{Line: 1, Rule: err.Error()}
 		}
-		return display, nil, false
+		return f
 	}
 	if len(inputs) == 0 {
-		fmt.Fprintf(e.Stderr, "%s:1: %s\n", display, envelope.Problem{Rule: "no envelope in the file"})
-		return display, nil, false
+		f.file.Problem = &fileProblem{Line: 1, Rule: "no envelope in the file"}
+		return f
 	}
 
-	ok = true
-	for _, in := range inputs {
+	f.file.OK = true
+	for i, in := range inputs {
+		r := envelopeResult{File: f.file.File, Line: in.Line, Index: i}
 		env, err := envelope.Parse(in.Data)
-		if err == nil {
-			envs = append(envs, env)
-			continue
-		}
-		ok = false
 		var ve *envelope.ValidationError
-		if !errors.As(err, &ve) {
-			fmt.Fprintf(e.Stderr, "%s:%d: %s\n", display, in.Line, envelope.Problem{Rule: err.Error()})
-			continue
+		switch {
+		case err == nil:
+			r.OK, r.Tenant, r.ID = true, env.Tenant(), env.ID
+			f.envs = append(f.envs, env)
+			f.at = append(f.at, len(f.results))
+		case errors.As(err, &ve):
+			for _, p := range ve.Problems {
+				r.Problems = append(r.Problems, httpapi.Problem{Index: i, Path: p.Path, Rule: p.Rule})
+			}
+			r.Tenant, r.ID = namedKey(in.Data, r.Problems)
+		default:
+			r.Problems = []httpapi.Problem{{Index: i, Rule: err.Error()}}
 		}
-		for _, p := range ve.Problems {
-			fmt.Fprintf(e.Stderr, "%s:%d: %s\n", display, in.Line, p)
+		f.file.OK = f.file.OK && r.OK
+		f.results = append(f.results, r)
+	}
+	f.file.Envelopes = len(inputs)
+	return f
+}
+
+// namedKey returns the tenant and id an invalid envelope names, when they
+// are strings without a problem of their own, so that a result says which
+// envelope it is.
+func namedKey(data []byte, problems []httpapi.Problem) (tenant, id string) {
+	var head struct {
+		Tenant any `json:"tenant_id"`
+		ID     any `json:"id"`
+	}
+	if json.Unmarshal(data, &head) != nil {
+		return "", ""
+	}
+	for _, p := range problems {
+		switch p.Path {
+		case "tenant_id":
+			head.Tenant = nil
+		case "id":
+			head.ID = nil
 		}
 	}
-	return display, envs, ok
+	id, _ = head.ID.(string)
+	if id == "" {
+		return "", ""
+	}
+	tenant, _ = head.Tenant.(string)
+	if tenant == "" {
+		tenant = envelope.DefaultTenant
+	}
+	return tenant, id
 }
 
 func runSchema(_ context.Context, e *env, args []string) int {

@@ -234,7 +234,7 @@ func TestValidate_Usage(t *testing.T) {
 		{"NoFiles", []string{"validate"}, exitUsage, "Error: validate needs at least one FILE"},
 		{"StdinTwice", []string{"validate", "-", "-"}, exitUsage, "given more than once"},
 		{"UnknownFlag", []string{"validate", "-strict", "x.json"}, exitUsage, "Try: outbox help validate"},
-		{"Help", []string{"help", "validate"}, exitOK, "Usage: outbox validate FILE..."},
+		{"Help", []string{"help", "validate"}, exitOK, "Usage: outbox validate [--json] FILE..."},
 		{"SchemaArgs", []string{"schema", "extra"}, exitUsage, "Error: schema takes no arguments"},
 		{"SchemaHelp", []string{"help", "schema"}, exitOK, "Usage: outbox schema"},
 	}
