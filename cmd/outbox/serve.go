@@ -104,6 +104,14 @@ func (f *serveFlags) appConfig(log *slog.Logger, reg *prometheus.Registry, publi
 	}
 }
 
+// serveRegistry is the registry /metrics serves, before the app adds the
+// store's and the worker's metrics.
+func serveRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
 func newLogger(e *env, format string) *slog.Logger {
 	var h slog.Handler
 	if format == "json" {
@@ -181,8 +189,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 		public = "http://" + ln.Addr().String()
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := serveRegistry()
 	a, err := buildApp(e, f.appConfig(log, reg, public, brand))
 	if err != nil {
 		var inUse *filestore.StoreInUseError
