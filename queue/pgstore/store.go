@@ -87,6 +87,22 @@ var _ queue.Store = (*Store)(nil)
 // schema unless opts.NoMigrate, and returns the store, which owns the pool
 // and closes it on Close. Errors never repeat the DSN.
 func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
+	pool, err := Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	s, err := open(ctx, pool, true, opts)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Connect opens a pool on the database at dsn and checks that it answers,
+// without touching any schema (for the tools that look before they
+// migrate). Its errors never repeat the DSN.
+func Connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, ErrBadURL
@@ -99,12 +115,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 		pool.Close()
 		return nil, safeErr("open", err)
 	}
-	s, err := open(ctx, pool, true, opts)
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return s, nil
+	return pool, nil
 }
 
 // OpenPool is Open on a pool the caller owns: Close leaves it open. The
@@ -210,13 +221,16 @@ func (s *Store) local() {
 }
 
 // notifier sends a NOTIFY for the hints it gets, at most one per interval:
-// a hint during the wait is announced after it, never dropped.
+// a hint during the wait is announced after it, never dropped, and one
+// still held at Close is sent then (a process that enqueues and exits at
+// once would otherwise leave the others to find the rows by polling).
 func (s *Store) notifier(ctx context.Context) {
 	defer s.wg.Done()
 	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
+			s.flushHint(false)
 			return
 		case <-s.hint:
 		}
@@ -225,6 +239,7 @@ func (s *Store) notifier(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				t.Stop()
+				s.flushHint(true)
 				return
 			case <-t.C:
 			}
@@ -234,10 +249,33 @@ func (s *Store) notifier(ctx context.Context) {
 		default:
 		}
 		last = time.Now()
-		if _, err := s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, s.channel); err != nil && ctx.Err() == nil {
-			s.log.LogAttrs(ctx, slog.LevelDebug, "notify failed", slog.String("operation", "notify"), slog.String("error", safeErr("notify", err).Error()))
+		s.sendNotify()
+	}
+}
+
+// notifyTimeout bounds one NOTIFY; Close does not cancel one under way
+// (that dropped the last enqueue's wake-up of a process that exits).
+const notifyTimeout = 2 * time.Second
+
+func (s *Store) sendNotify() {
+	ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+	defer cancel()
+	if _, err := s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, s.channel); err != nil {
+		s.log.LogAttrs(ctx, slog.LevelDebug, "notify failed", slog.String("operation", "notify"), slog.String("error", safeErr("notify", err).Error()))
+	}
+}
+
+// flushHint sends the NOTIFY of a hint still held at Close (held: one was
+// taken from the channel already).
+func (s *Store) flushHint(held bool) {
+	select {
+	case <-s.hint:
+	default:
+		if !held {
+			return
 		}
 	}
+	s.sendNotify()
 }
 
 // listen keeps a connection that LISTENs on the store's channel and turns
