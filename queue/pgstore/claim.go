@@ -391,9 +391,24 @@ func (s *Store) changeLoaded(ctx context.Context, op string, k envKey, missing e
 // reconciliation, oldest lease end first; rows claimed with ExpireToPending
 // go back to pending instead, whatever the limit. See queue.Store.
 func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
+	leases, _, err := s.recover(ctx, req, 2)
+	return leases, err
+}
+
+// ReturnExpiredSeam returns the rows whose ExpireToPending lease (the HTTP
+// seam's) expired to pending, and nothing else: what a serve without a
+// built-in worker runs, where no one reconciles the other leases. It
+// returns how many rows it returned.
+func (s *Store) ReturnExpiredSeam(ctx context.Context) (int, error) {
+	_, n, err := s.recover(ctx, queue.ClaimRequest{Owner: "seam", Lease: time.Second}, 1)
+	return n, err
+}
+
+// recover is Recover's pass over the seam's leases, then (passes 2) the others.
+func (s *Store) recover(ctx context.Context, req queue.ClaimRequest, passes int) ([]*queue.Lease, int, error) {
 	req, err := checkClaim(req)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var leases []*queue.Lease
 	wake, expired := false, 0
@@ -403,7 +418,7 @@ func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 		fs := s.fencer(ctx, tx)
 		seen := map[candidate]bool{}
 		// The seam's leases first, all of them; then up to the limit.
-		for pass := 0; pass < 2; pass++ {
+		for pass := 0; pass < passes; pass++ {
 			for {
 				var (
 					cands []candidate
@@ -462,7 +477,7 @@ func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if expired > 0 {
 		s.metrics.SeamExpired.Add(float64(expired))
@@ -470,7 +485,7 @@ func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 	if wake {
 		s.wake()
 	}
-	return leases, nil
+	return leases, expired, nil
 }
 
 // NextDue returns the earliest due time of a row f admits waiting to be

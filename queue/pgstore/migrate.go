@@ -156,6 +156,24 @@ func currentVersion(ctx context.Context, q querier, schema string) (int, error) 
 	return v, err
 }
 
+// DatabaseVersion returns the version schema is migrated to: 0 when it has
+// no migrations table (never migrated).
+func DatabaseVersion(ctx context.Context, pool *pgxpool.Pool, schema string) (int, error) {
+	schema, err := checkSchema(schema)
+	if err != nil {
+		return 0, err
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, "migrations"}.Sanitize()).Scan(&exists); err != nil {
+		return 0, safeErr("check schema", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	v, err := currentVersion(ctx, pool, pgx.Identifier{schema}.Sanitize())
+	return v, safeErr("check schema", err)
+}
+
 // checkVersion reports whether schema is at this package's version (for
 // Open with NoMigrate).
 func checkVersion(ctx context.Context, pool *pgxpool.Pool, schema string) error {

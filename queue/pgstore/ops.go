@@ -223,3 +223,14 @@ func (s *Store) Prune(ctx context.Context) (int, error) {
 	})
 	return n, err
 }
+
+// ExpiredLeases counts the rows still sending after their lease ended: a
+// worker that stopped or died, until a Recover (any process's) takes them.
+func (s *Store) ExpiredLeases(ctx context.Context) (int, error) {
+	if err := s.check(ctx); err != nil {
+		return 0, err
+	}
+	var n int
+	err := s.pool.QueryRow(ctx, s.sql(`SELECT count(*) FROM {s}.deliveries WHERE lane = 2 AND wake_ns <= $1`), s.now().UnixNano()).Scan(&n)
+	return n, safeErr("expired leases", err)
+}
