@@ -22,12 +22,21 @@ func init() {
 
 func runDoctor(ctx context.Context, e *env, args []string) int {
 	s := newSettings("doctor", e)
-	s.usage("Usage: outbox doctor [--rebuild] [--json]\n\nChecks the store in --data: bbolt's own consistency, every log offset and\nrecord against its index entry, every row against the due and lease indexes,\nthe consent journal against the index.\nWhen the index file is missing or cannot be opened it is rebuilt from the\nlogs and the consent journal (the broken file is kept as index.db.broken-TIME);\n--rebuild forces that. Consent, suppressions and push subscriptions come back\nfrom the journal. Rebuilt rows whose fate is unknown become unresolved, never\nredelivered automatically. Works through a running serve (check only).\n\nFlags:\n")
+	s.usage("Usage: outbox doctor [--rebuild] [--json]\n\nChecks the store in --data: bbolt's own consistency, every log offset and\nrecord against its index entry, every row against the due and lease indexes,\nthe consent journal against the index.\nWhen the index file is missing or cannot be opened it is rebuilt from the\nlogs and the consent journal (the broken file is kept as index.db.broken-TIME);\n--rebuild forces that. Consent, suppressions and push subscriptions come back\nfrom the journal. Rebuilt rows whose fate is unknown become unresolved, never\nredelivered automatically. Works through a running serve (check only).\nWith --database-url: connects, compares the schema's version with this\noutbox's, counts the rows that need an operator or a reconciler.\n\nFlags:\n")
 	data := dataFlag(s)
+	db := addDBFlags(s)
 	rebuild := s.fs.Bool("rebuild", false, "rebuild the index from the logs (stop outbox serve first)")
 	js := s.fs.Bool("json", false, "print the report as JSON")
 	if code, done := s.parse(args); done {
 		return code
+	}
+	if dsn, err := db.dsn(e); err != nil {
+		return fail(e, "%v", err)
+	} else if dsn != "" {
+		if *rebuild {
+			return fileOnly(e, "doctor --rebuild")
+		}
+		return pgDoctor(ctx, e, dsn, *db.schema, *js)
 	}
 	if _, err := os.Stat(*data); err != nil {
 		return fail(e, "no data directory %s", *data)
@@ -136,9 +145,15 @@ func runCompact(ctx context.Context, e *env, args []string) int {
 	s := newSettings("compact", e)
 	s.usage("Usage: outbox compact\n\nPrunes terminal rows older than the retention period, removes logs left\nempty, and (when outbox serve is not running) rewrites the index file compactly.\n\nFlags:\n")
 	data := dataFlag(s)
+	db := addDBFlags(s)
 	retention := s.duration("retention", "OUTBOX_RETENTION", queue.DefaultRetention, "how long terminal rows are kept")
 	if code, done := s.parse(args); done {
 		return code
+	}
+	if dsn, err := db.dsn(e); err != nil {
+		return fail(e, "%v", err)
+	} else if dsn != "" {
+		return fileOnly(e, "compact (serve prunes PostgreSQL every hour; VACUUM is the server's)")
 	}
 	if socketUp(*data) {
 		b, closeFn, err := openBackend(*data)
@@ -168,10 +183,16 @@ func runPath(ctx context.Context, e *env, args []string) int {
 	s := newSettings("path", e)
 	s.usage("Usage: outbox path --user USER [--tenant T]\n\nPrints the append log a foreign appender writes to for that user.\n\nFlags:\n")
 	data := dataFlag(s)
+	db := addDBFlags(s)
 	tenant := tenantFlag(s)
 	user := s.fs.String("user", "", "user id")
 	if code, done := s.parse(args); done {
 		return code
+	}
+	if dsn, err := db.dsn(e); err != nil {
+		return fail(e, "%v", err)
+	} else if dsn != "" {
+		return fileOnly(e, "path (append logs)")
 	}
 	if *user == "" {
 		fmt.Fprintln(e.Stderr, "Error: --user is required")

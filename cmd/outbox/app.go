@@ -47,13 +47,20 @@ type appConfig struct {
 	Shutdown     time.Duration
 	SinkJournal  bool
 	Brand        render.Brand // checked by render.Brand.Normalize
-	Logger       *slog.Logger
-	Registry     *prometheus.Registry
+	// DatabaseURL, when set, puts the store in PostgreSQL (pgstore) instead
+	// of the files in Data; Data still holds the unsubscribe key and the sink.
+	DatabaseURL    string
+	DatabaseSchema string
+	NoMigrate      bool
+	Logger         *slog.Logger
+	Registry       *prometheus.Registry
 }
 
-// app is the wired delivery stack.
+// app is the wired delivery stack. The store is the contract: what only the
+// file store has (the operator socket's checks, the seam's return of
+// expired leases) is reached by type assertion or an optional interface.
 type app struct {
-	q         *filestore.Queue
+	q         queue.Store
 	r         *render.Renderer
 	unsub     *httpapi.Unsubscriber
 	providers map[envelope.Channel]channels.Provider
@@ -188,11 +195,21 @@ func buildApp(e *env, c appConfig) (*app, error) {
 		a.described = append(a.described, string(ch)+": sink ("+filepath.Join(c.Data, "sink", string(ch))+")")
 	}
 
-	// Claims of channels whose provider redelivers idempotently skip their
-	// fsync (see queue.Options.UnsyncedClaims).
-	a.q, err = filestore.Open(c.Data, &filestore.Options{Options: queue.Options{Logger: c.Logger.With("component", "queue"), Registerer: reg, Backoff: c.Backoff, Retention: c.Retention}, RescanInterval: c.Rescan, NoSync: c.Relaxed, UnsyncedClaims: idempotentChannels(a.providers)})
-	if err != nil {
-		return fail(err)
+	qo := queue.Options{Logger: c.Logger.With("component", "queue"), Registerer: reg, Backoff: c.Backoff, Retention: c.Retention}
+	if c.DatabaseURL != "" {
+		pg, err := openPG(context.Background(), c.DatabaseURL, c.DatabaseSchema, c.NoMigrate, qo)
+		if err != nil {
+			return fail(err)
+		}
+		a.q = pg
+	} else {
+		// Claims of channels whose provider redelivers idempotently skip
+		// their fsync (see queue.Options.UnsyncedClaims).
+		fq, err := filestore.Open(c.Data, &filestore.Options{Options: qo, RescanInterval: c.Rescan, NoSync: c.Relaxed, UnsyncedClaims: idempotentChannels(a.providers)})
+		if err != nil {
+			return fail(err)
+		}
+		a.q = fq
 	}
 	if a.ledger != nil {
 		if err := a.ledger.open(c.Data); err != nil {
@@ -274,8 +291,20 @@ func (a *app) close() error {
 	return err
 }
 
+// files returns the file store, nil when the store is in PostgreSQL.
+func (a *app) files() *filestore.Queue {
+	fq, _ := a.q.(*filestore.Queue)
+	return fq
+}
+
+// seamReturner is a store that returns the seam's expired leases to
+// pending by itself (the work a built-in worker's recoveries do).
+type seamReturner interface {
+	ReturnExpiredSeam(ctx context.Context) (int, error)
+}
+
 // runPruner prunes terminal rows past retention every interval until ctx ends.
-func runPruner(ctx context.Context, q *filestore.Queue, every time.Duration, log *slog.Logger) {
+func runPruner(ctx context.Context, q queue.Store, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

@@ -34,6 +34,10 @@ code: validate --json's (outbox help validate) with each envelope's status,
 queued or duplicate, and, when nothing was appended, "ok": false and
 "error" saying why.
 
+With --database-url the envelopes go into the PostgreSQL store in one
+transaction (all or none, consent checked as on POST /v1/envelopes), and
+duplicates are always reported.
+
 Flags:
 `
 
@@ -42,8 +46,13 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 	s.usage(enqueueHelp)
 	data := dataFlag(s)
 	js := s.fs.Bool("json", false, "print the results as one JSON object on stdout (see above)")
+	db := addDBFlags(s)
 	if code, done := s.parse(args); done {
 		return code
+	}
+	dsn, err := db.dsn(e)
+	if err != nil {
+		return fail(e, "%v", err)
 	}
 	files := s.fs.Args()
 	if len(files) == 0 {
@@ -90,6 +99,25 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 		}
 		keys[i] = envelope.Key{Tenant: env.TenantID, EnvelopeID: env.ID}
 	}
+	if dsn != "" {
+		// The store validates, checks consent and dedupes, in one transaction.
+		pg, err := openPG(ctx, dsn, *db.schema, true, queue.Options{Logger: newLogger(e, "text")})
+		if err != nil {
+			return refuse("%v", err)
+		}
+		res, err := pg.Enqueue(ctx, all...)
+		pg.Close()
+		if err != nil {
+			return refuse("%v: nothing was stored", err)
+		}
+		for i, r := range res {
+			out.Envelopes[at[i]].Status = enqueueQueued
+			if r.Duplicate {
+				out.Envelopes[at[i]].Status = enqueueDuplicate
+			}
+		}
+		return printEnqueued(e, *js, out, all, at)
+	}
 	known, err := filestore.Known(*data, keys)
 	if errors.Is(err, filestore.ErrStoreBusy) {
 		known = nil // serve has the store: it dedupes when it indexes
@@ -127,7 +155,12 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 	for _, i := range freshAt {
 		out.Envelopes[at[i]].Status = enqueueQueued
 	}
-	if *js {
+	return printEnqueued(e, *js, out, all, at)
+}
+
+// printEnqueued prints each envelope's status (or, with js, the result).
+func printEnqueued(e *env, js bool, out batchResult, all []*envelope.Envelope, at []int) int {
+	if js {
 		return printJSON(e, out)
 	}
 	for i, env := range all {

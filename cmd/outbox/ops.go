@@ -43,8 +43,13 @@ type backend interface {
 	Close() error
 }
 
-// directBackend serves the commands from a store opened in this process.
-type directBackend struct{ q *filestore.Queue }
+// directBackend serves the commands from a store opened in this process:
+// the file store, or the PostgreSQL store (which every process shares, so
+// no socket is needed there).
+type directBackend struct{ q queue.Store }
+
+// errNotFiles is the answer of a file store check on PostgreSQL.
+var errNotFiles = errors.New("this works on the file store only (--data); the store is in PostgreSQL, where it does not apply")
 
 func (d *directBackend) List(ctx context.Context, f queue.ListFilter) (*queue.Page, error) {
 	return d.q.List(ctx, f)
@@ -72,11 +77,21 @@ func (d *directBackend) Counts(ctx context.Context, t string) (queue.Counts, err
 	return d.q.Counts(ctx, t)
 }
 func (d *directBackend) Quarantined(context.Context) ([]filestore.QuarantineRecord, error) {
-	return d.q.Quarantined()
+	fq, ok := d.q.(*filestore.Queue)
+	if !ok {
+		return nil, errNotFiles
+	}
+	return fq.Quarantined()
 }
-func (d *directBackend) Check(context.Context) (*filestore.Report, error) { return d.q.Check() }
-func (d *directBackend) Prune(ctx context.Context) (int, error)           { return d.q.Prune(ctx) }
-func (d *directBackend) Close() error                                     { return nil }
+func (d *directBackend) Check(context.Context) (*filestore.Report, error) {
+	fq, ok := d.q.(*filestore.Queue)
+	if !ok {
+		return nil, errNotFiles
+	}
+	return fq.Check()
+}
+func (d *directBackend) Prune(ctx context.Context) (int, error) { return d.q.Prune(ctx) }
+func (d *directBackend) Close() error                           { return nil }
 
 // opRequest is one call over the operator socket.
 type opRequest struct {
@@ -237,6 +252,23 @@ func (s *socketBackend) Prune(ctx context.Context) (int, error) {
 }
 func (s *socketBackend) Close() error { return nil }
 
+// openBackendFor opens the PostgreSQL store when db names one (never
+// migrating it: that is outbox migrate's or serve's), else openBackend.
+func openBackendFor(ctx context.Context, e *env, dir string, db *dbFlags) (backend, func(), error) {
+	dsn, err := db.dsn(e)
+	if err != nil {
+		return nil, nil, err
+	}
+	if dsn == "" {
+		return openBackend(dir)
+	}
+	pg, err := openPG(ctx, dsn, *db.schema, true, queue.Options{Logger: newLogger(e, "text")})
+	if err != nil {
+		return nil, nil, err
+	}
+	return &directBackend{q: pg}, func() { pg.Close() }, nil
+}
+
 // openBackend reaches the daemon when its socket answers, else opens the
 // store in dir.
 func openBackend(dir string) (backend, func(), error) {
@@ -272,8 +304,9 @@ func openBackend(dir string) (backend, func(), error) {
 func opCommand(name, short, usage string, fn func(ctx context.Context, e *env, b backend, tenant string, json bool, args []string) int, extra func(s *settings)) *command {
 	return &command{Name: name, Short: short, Run: func(ctx context.Context, e *env, args []string) int {
 		s := newSettings(name, e)
-		s.usage("Usage: outbox " + name + " " + usage + "\n\nWorks through a running outbox serve (its operator socket) or on the store directly.\n\nFlags:\n")
+		s.usage("Usage: outbox " + name + " " + usage + "\n\nWorks through a running outbox serve (its operator socket) or on the store directly;\nwith --database-url on the PostgreSQL store directly, serve running or not.\n\nFlags:\n")
 		data := dataFlag(s)
+		db := addDBFlags(s)
 		var tenant *string
 		if name == "ls" || name == "stats" {
 			tenant = s.str("tenant", "OUTBOX_TENANT", "*", "tenant (* = every tenant)")
@@ -287,7 +320,7 @@ func opCommand(name, short, usage string, fn func(ctx context.Context, e *env, b
 		if code, done := s.parse(args); done {
 			return code
 		}
-		b, closeFn, err := openBackend(*data)
+		b, closeFn, err := openBackendFor(ctx, e, *data, db)
 		if err != nil {
 			return fail(e, "%v", err)
 		}

@@ -51,6 +51,8 @@ type serveFlags struct {
 	maxBody, maxInflight                                                                     *int
 	resendRate                                                                               *int
 	brand                                                                                    *brandFlags
+	db                                                                                       *dbFlags
+	noMigrate                                                                                *bool
 }
 
 func addServeFlags(s *settings) *serveFlags {
@@ -88,6 +90,8 @@ func addServeFlags(s *settings) *serveFlags {
 	f.logFormat = s.str("log-format", "OUTBOX_LOG_FORMAT", "text", "log format: text or json")
 	f.brand = addBrandFlags(s)
 	f.sinkJournal = s.boolean("sink-journal", "OUTBOX_SINK_JOURNAL", false, "the sink also appends each delivered key's hash to DATA/sink/CHANNEL.journal (used by the kill drill)")
+	f.db = addDBFlags(s)
+	f.noMigrate = s.boolean("no-migrate", "OUTBOX_NO_MIGRATE", false, "PostgreSQL: refuse a schema that is not migrated (outbox migrate) instead of migrating it on start")
 	return f
 }
 
@@ -101,6 +105,7 @@ func (f *serveFlags) appConfig(log *slog.Logger, reg *prometheus.Registry, publi
 		WeCom: weComConfig{API: *f.wecomAPI, CorpID: *f.wecomCorp, AgentID: *f.wecomAgent, DailyCap: *f.wecomDailyCap,
 			BotReplies: *f.wecomBotReplies, ReplyHosts: *f.wecomReplyHosts},
 		Shutdown: *f.shutdown, SinkJournal: *f.sinkJournal, Logger: log, Registry: reg, Brand: brand,
+		DatabaseSchema: *f.db.schema, NoMigrate: *f.noMigrate,
 	}
 }
 
@@ -134,7 +139,9 @@ const serveHelp = `Usage: outbox serve [flags]
 
 Runs the HTTP seam (POST /v1/envelopes, the /internal/outbox seam, consent,
 unsubscribe, push subscriptions, /metrics, /healthz, /readyz) and the
-delivery worker on the store in --data. Providers start when their
+delivery worker on the store in --data, or with --database-url on the
+PostgreSQL store (several serves may share one database; --data then
+holds only the unsubscribe key and the sink). Providers start when their
 configuration is present; channels without one go to the sink (files under
 DATA/sink) unless --no-sink.
 
@@ -144,6 +151,7 @@ Secrets come only from the environment (or NAME_FILE paths), never flags:
   RESEND_API_KEY             email (with --email-from)
   RESEND_WEBHOOK_SECRET      serves POST /webhooks/resend (with or without RESEND_API_KEY)
   OUTBOX_TELEGRAM_TOKEN      telegram
+  OUTBOX_DATABASE_URL        PostgreSQL (or --database-url, which shows in ps)
 
 Flags:
 `
@@ -160,6 +168,13 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	if err != nil {
 		fmt.Fprintf(e.Stderr, "Error: %v\n", err)
 		return exitUsage
+	}
+	dsn, err := f.db.dsn(e)
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	if dsn != "" && *f.relaxed {
+		return fileOnly(e, "--relaxed-durability")
 	}
 	token, err := secret(e, "INTERNAL_OUTBOX_TOKEN")
 	if err != nil {
@@ -190,7 +205,9 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	}
 
 	reg := serveRegistry()
-	a, err := buildApp(e, f.appConfig(log, reg, public, brand))
+	cfg := f.appConfig(log, reg, public, brand)
+	cfg.DatabaseURL = dsn
+	a, err := buildApp(e, cfg)
 	if err != nil {
 		var inUse *filestore.StoreInUseError
 		if errors.As(err, &inUse) {
@@ -199,6 +216,9 @@ func runServe(ctx context.Context, e *env, args []string) int {
 		return fail(e, "%v", err)
 	}
 	defer a.close()
+	if dsn != "" {
+		log.Info("store: PostgreSQL, schema "+cfg.DatabaseSchema, "operation", "serve")
+	}
 	for _, d := range a.described {
 		log.Info("channel "+d, "operation", "serve")
 	}
@@ -226,13 +246,17 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	mux.Handle("/", api)
 	srv := newHTTPServer(mux)
 
-	// The operator socket: the operator commands, trusted by file permissions.
-	sock, err := listenOperator(*f.data)
-	if err != nil {
-		return fail(e, "%v", err)
+	// The operator socket: the operator commands, trusted by file
+	// permissions. On PostgreSQL they reach the database themselves.
+	var sock net.Listener
+	var opSrv *http.Server
+	if fq := a.files(); fq != nil {
+		if sock, err = listenOperator(*f.data); err != nil {
+			return fail(e, "%v", err)
+		}
+		defer os.Remove(filepath.Join(*f.data, SocketName))
+		opSrv = newHTTPServer(operatorHandler(&directBackend{q: fq}))
 	}
-	defer os.Remove(filepath.Join(*f.data, SocketName))
-	opSrv := newHTTPServer(operatorHandler(&directBackend{q: a.q}))
 
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
@@ -251,7 +275,9 @@ func runServe(ctx context.Context, e *env, args []string) int {
 				case <-runCtx.Done():
 					return
 				case <-t.C:
-					_, _ = a.q.ReturnExpiredSeam(runCtx)
+					if r, ok := a.q.(seamReturner); ok {
+						_, _ = r.ReturnExpiredSeam(runCtx)
+					}
 				}
 			}
 		})
@@ -262,14 +288,20 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	bg.Go(func() { runPruner(runCtx, a.q, time.Hour, log) })
 	srvErr := make(chan error, 2)
 	go func() { srvErr <- srv.Serve(ln) }()
-	go func() { srvErr <- opSrv.Serve(sock) }()
+	if opSrv != nil {
+		go func() { srvErr <- opSrv.Serve(sock) }()
+	}
 	fmt.Fprintf(e.Stderr, "listening on http://%s\n", ln.Addr())
 
+	var damaged <-chan struct{} // the file store's index damaged under it; never on PostgreSQL
+	if fq := a.files(); fq != nil {
+		damaged = fq.Damaged()
+	}
 	code := exitOK
 	select {
 	case <-ctx.Done():
-	case <-a.q.Damaged():
-		log.Error("stopping: "+a.q.DamageError().Error(), "operation", "serve", "status", "damaged")
+	case <-damaged:
+		log.Error("stopping: "+a.files().DamageError().Error(), "operation", "serve", "status", "damaged")
 		code = exitFailure
 	case err := <-srvErr:
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -295,7 +327,9 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	shCtx, cancel := context.WithTimeout(context.Background(), *f.shutdown)
 	defer cancel()
 	_ = srv.Shutdown(shCtx)
-	_ = opSrv.Shutdown(shCtx)
+	if opSrv != nil {
+		_ = opSrv.Shutdown(shCtx)
+	}
 	stopRun()
 	if err := <-workerDone; err != nil && !errors.Is(err, context.Canceled) {
 		log.Warn("worker stopped with in-flight deliveries left for reconciliation", "operation", "serve", "status", "timeout")

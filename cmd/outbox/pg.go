@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/pgstore"
+)
+
+// The PostgreSQL store in the binary: where the DSN comes from, how the
+// commands open the store, outbox migrate.
+
+// EnvDatabaseURL names the DSN's environment variable (and, with _FILE, a
+// file that holds it).
+const EnvDatabaseURL = "OUTBOX_DATABASE_URL"
+
+// dbFlags are the settings of a command that can run on PostgreSQL.
+type dbFlags struct {
+	url, schema *string
+}
+
+// addDBFlags adds --database-url and --database-schema. The URL flag's
+// default is never the environment's value: -help prints defaults, and
+// the DSN holds a password.
+func addDBFlags(s *settings) *dbFlags {
+	return &dbFlags{
+		url: s.fs.String("database-url", "", "PostgreSQL URL: use the store in that database instead of the files in --data "+
+			"(env "+EnvDatabaseURL+" or "+EnvDatabaseURL+"_FILE; the environment is safer: a flag shows in ps)"),
+		schema: s.str("database-schema", "OUTBOX_DATABASE_SCHEMA", pgstore.DefaultSchema, "schema of the store's tables (PostgreSQL)"),
+	}
+}
+
+// dsn returns the DSN: the flag, else OUTBOX_DATABASE_URL or the file
+// OUTBOX_DATABASE_URL_FILE names (both set is an error); "" means the
+// file store.
+func (f *dbFlags) dsn(e *env) (string, error) {
+	if v := strings.TrimSpace(*f.url); v != "" {
+		return v, nil
+	}
+	return secret(e, EnvDatabaseURL)
+}
+
+// openTimeout bounds connecting and migrating at start: a server that
+// does not answer fails the command instead of hanging it.
+const openTimeout = 30 * time.Second
+
+// openPG opens the PostgreSQL store (pgstore's errors never repeat the DSN).
+func openPG(ctx context.Context, dsn, schema string, noMigrate bool, o queue.Options) (*pgstore.Store, error) {
+	ctx, cancel := context.WithTimeout(ctx, openTimeout)
+	defer cancel()
+	s, err := pgstore.Open(ctx, dsn, &pgstore.Options{Options: o, Schema: schema, NoMigrate: noMigrate})
+	if errors.Is(err, pgstore.ErrNotMigrated) {
+		return nil, fmt.Errorf("%w: run outbox migrate (with the same --database-url and --database-schema), or start serve without --no-migrate", err)
+	}
+	return s, err
+}
+
+// fileOnly is the refusal of a command (or flag) that works on the files
+// of the file store only.
+func fileOnly(e *env, what string) int {
+	return fail(e, "%s works on the file store only (--data); with --database-url the store is in PostgreSQL, where it does not apply", what)
+}
+
+func init() {
+	register(&command{Name: "migrate", Short: "create or upgrade the PostgreSQL schema (--database-url) and print its version", Run: runMigrate})
+}
+
+func runMigrate(ctx context.Context, e *env, args []string) int {
+	s := newSettings("migrate", e)
+	s.usage("Usage: outbox migrate --database-url URL [--database-schema S]\n\nApplies the migrations the schema lacks (in one transaction, under a lock:\nseveral processes starting at once migrate once) and prints the version.\noutbox serve migrates on start unless --no-migrate.\n\nFlags:\n")
+	db := addDBFlags(s)
+	if code, done := s.parse(args); done {
+		return code
+	}
+	dsn, err := db.dsn(e)
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	if dsn == "" {
+		return fail(e, "migrate needs a PostgreSQL store: pass --database-url or set %s (the file store needs no migrations)", EnvDatabaseURL)
+	}
+	ctx, cancel := context.WithTimeout(ctx, openTimeout)
+	defer cancel()
+	pool, err := pgstore.Connect(ctx, dsn)
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	defer pool.Close()
+	applied, err := pgstore.Migrate(ctx, pool, *db.schema)
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	v, err := pgstore.DatabaseVersion(ctx, pool, *db.schema)
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	if len(applied) == 0 {
+		fmt.Fprintf(e.Stdout, "schema %s is at version %d: up to date\n", *db.schema, v)
+	} else {
+		fmt.Fprintf(e.Stdout, "schema %s migrated to version %d (applied %s)\n", *db.schema, v, joinInts(applied))
+	}
+	return exitOK
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = fmt.Sprint(n)
+	}
+	return strings.Join(s, ", ")
+}
+
+// pgReport is doctor's report on PostgreSQL.
+type pgReport struct {
+	Server        string   `json:"server_version"`
+	Schema        string   `json:"schema"`
+	Version       int      `json:"schema_version"`
+	Want          int      `json:"want_version"`
+	Pending       int      `json:"pending_migrations"`
+	Unresolved    int      `json:"unresolved"`
+	DeadLetter    int      `json:"dead_letter"`
+	ExpiredLeases int      `json:"sending_past_lease_end"`
+	Problems      []string `json:"problems,omitempty"`
+	NotApplicable []string `json:"not_applicable"`
+}
+
+// pgDoctor checks what applies on PostgreSQL: the connection, the schema's
+// version against this outbox's, and the rows an operator (unresolved,
+// dead_letter) or a running worker's reconciliation (leases past their
+// end) has to take. It migrates nothing.
+func pgDoctor(ctx context.Context, e *env, dsn, schema string, js bool) int {
+	ctx, cancel := context.WithTimeout(ctx, openTimeout)
+	defer cancel()
+	pool, err := pgstore.Connect(ctx, dsn)
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	defer pool.Close()
+	rep := &pgReport{Schema: schema, Want: pgstore.SchemaVersion(),
+		NotApplicable: []string{"index", "logs", "quarantine", "consent journal", "rebuild"}}
+	if err := pool.QueryRow(ctx, `SHOW server_version`).Scan(&rep.Server); err != nil {
+		return fail(e, "the database did not answer SHOW server_version") // pgx's error may name the DSN's parts
+	}
+	if rep.Version, err = pgstore.DatabaseVersion(ctx, pool, schema); err != nil {
+		return fail(e, "%v", err)
+	}
+	switch {
+	case rep.Version > rep.Want:
+		rep.Problems = append(rep.Problems, fmt.Sprintf("schema %s is at version %d, newer than this outbox's %d: run a newer outbox", schema, rep.Version, rep.Want))
+	case rep.Version < rep.Want:
+		rep.Pending = rep.Want - rep.Version
+		rep.Problems = append(rep.Problems, fmt.Sprintf("schema %s is at version %d: %d migration(s) pending (outbox migrate, or start serve without --no-migrate)", schema, rep.Version, rep.Pending))
+	default:
+		st, err := pgstore.OpenPool(ctx, pool, &pgstore.Options{Schema: schema, NoMigrate: true, Options: queue.Options{Logger: newLogger(e, "text")}})
+		if err != nil {
+			return fail(e, "%v", err)
+		}
+		defer st.Close()
+		c, err := st.Counts(ctx, "")
+		if err != nil {
+			return fail(e, "%v", err)
+		}
+		rep.Unresolved, rep.DeadLetter = c.Total(envelope.StateUnresolved), c.Total(envelope.StateDeadLetter)
+		if rep.ExpiredLeases, err = st.ExpiredLeases(ctx); err != nil {
+			return fail(e, "%v", err)
+		}
+	}
+	if js {
+		printJSON(e, rep)
+	} else {
+		fmt.Fprintf(e.Stdout, "database: connected (PostgreSQL %s)\n", rep.Server)
+		fmt.Fprintf(e.Stdout, "schema %s: version %d (this outbox: %d), migrations pending %d\n", schema, rep.Version, rep.Want, rep.Pending)
+		if len(rep.Problems) == 0 {
+			fmt.Fprintf(e.Stdout, "rows: unresolved %d (outbox ls --state unresolved), dead_letter %d, sending past their lease end %d (a running serve reconciles them)\n",
+				rep.Unresolved, rep.DeadLetter, rep.ExpiredLeases)
+		}
+		fmt.Fprintf(e.Stdout, "file store checks (%s): do not apply on PostgreSQL\n", strings.Join(rep.NotApplicable, ", "))
+		for _, p := range rep.Problems {
+			fmt.Fprintln(e.Stdout, "problem:", p)
+		}
+	}
+	if len(rep.Problems) > 0 {
+		fmt.Fprintln(e.Stderr, "Error: the PostgreSQL store has problems (see above)")
+		return exitFailure
+	}
+	if !js {
+		fmt.Fprintln(e.Stdout, "ok")
+	}
+	return exitOK
+}
