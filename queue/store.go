@@ -206,6 +206,11 @@ var (
 	// ErrInvalidTransition is returned when an operator action does not
 	// apply to the envelope's current state.
 	ErrInvalidTransition = errors.New("queue: invalid transition")
+	// ErrUnavailable is what a store's error matches (errors.Is) when the
+	// store cannot be reached: its database server is down or the
+	// connection to it was lost. A write either took effect whole or not
+	// at all; an enqueue may be retried (duplicates are reported).
+	ErrUnavailable = errors.New("queue: the store is unavailable")
 	// ErrNotFound is envelope.ErrNotFound.
 	ErrNotFound = envelope.ErrNotFound
 )

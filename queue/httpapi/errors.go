@@ -69,8 +69,9 @@ var (
 	errWantJSON     = newError(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "request body must be application/json")
 	// A store that cannot write says why, not internal_error: the
 	// messages name the condition only (no path, no id).
-	errStorageFull     = newError(http.StatusInsufficientStorage, CodeStorageFull, "storage full: the store's disk has no space left (or its quota is used up); retry once space is freed")
-	errStorageReadOnly = newError(http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only: the store's file system does not accept writes; retry once it is writable again")
+	errStorageFull      = newError(http.StatusInsufficientStorage, CodeStorageFull, "storage full: the store's disk has no space left (or its quota is used up); retry once space is freed")
+	errStoreUnavailable = newError(http.StatusServiceUnavailable, CodeUnavailable, "store unavailable: the database cannot be reached; retry later (an enqueue repeated with the same ids is safe: stored ones are answered as duplicates)")
+	errStorageReadOnly  = newError(http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only: the store's file system does not accept writes; retry once it is writable again")
 )
 
 // errorFor maps any error to its API error. It is the only place where
@@ -122,6 +123,9 @@ func errorFor(err error) (*apiError, bool) {
 		return badRequest("the envelope belongs to another tenant"), false
 	case errors.Is(err, queue.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return newError(http.StatusServiceUnavailable, CodeUnavailable, "service unavailable"), false
+	case errors.Is(err, queue.ErrUnavailable):
+		// Logged too: the operator has to bring the database back.
+		return errStoreUnavailable, true
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		// Logged too: the operator has to free space.
 		return errStorageFull, true

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -33,6 +35,9 @@ func (e *ConnectError) Error() string {
 
 func (e *ConnectError) Unwrap() error { return e.Cause }
 
+// Is makes a ConnectError queue.ErrUnavailable.
+func (e *ConnectError) Is(target error) bool { return target == queue.ErrUnavailable }
+
 // NetError is an operation whose connection failed (reset, closed, timed
 // out), without the address pgx's error names.
 type NetError struct {
@@ -45,6 +50,16 @@ func (e *NetError) Error() string {
 }
 
 func (e *NetError) Unwrap() error { return e.Cause }
+
+// Is makes a NetError queue.ErrUnavailable.
+func (e *NetError) Is(target error) bool { return target == queue.ErrUnavailable }
+
+// lostConnection reports a server's error that ends the connection: a
+// connection exception (SQLSTATE class 08) or an operator intervention
+// (57P01-57P05: the server shutting down, crashed, or not yet accepting).
+func lostConnection(pe *pgconn.PgError) bool {
+	return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
+}
 
 // ours reports errors of the contract (or this package) that go back as they are.
 func ours(err error) bool {
@@ -83,6 +98,13 @@ func safeErr(op string, err error) error {
 	var oe *net.OpError
 	if errors.As(err, &oe) && oe.Err != nil {
 		return &NetError{Op: op, Cause: oe.Err}
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && lostConnection(pe) {
+		return &NetError{Op: op, Cause: pe}
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return &NetError{Op: op, Cause: errors.New("the server closed the connection")}
 	}
 	return fmt.Errorf("pgstore: %s: %w", op, err)
 }

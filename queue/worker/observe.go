@@ -112,6 +112,8 @@ func storeClass(err error) envelope.ErrorClass {
 		return "lease_lost"
 	case errors.Is(err, queue.ErrClosed):
 		return "store_closed"
+	case errors.Is(err, queue.ErrUnavailable):
+		return "store_unavailable"
 	case errors.Is(err, queue.ErrNotFound):
 		return "not_found"
 	case errors.Is(err, context.Canceled):

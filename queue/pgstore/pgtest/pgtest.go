@@ -44,6 +44,8 @@ var (
 	private bool // the server is ours
 	counter atomic.Int64
 	restart func() error // the throwaway server's
+	halt    func() error // its crash-stop, for Stop
+	resume  func() error // its start, for Start
 )
 
 // Main starts (or finds) the server, runs the tests, stops the server and
@@ -87,6 +89,25 @@ func Restart() error {
 	_, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 		WHERE pid <> pg_backend_pid() AND datname = current_database()`)
 	return err
+}
+
+// Stop stops the throwaway server at once (as in a crash) and leaves it
+// down until Start: for tests of a server that is gone, not just
+// restarted. A server named by OUTBOX_TEST_DATABASE_URL cannot be
+// stopped (an error).
+func Stop() error {
+	if halt == nil {
+		return errors.New("pgtest: the server named by " + EnvURL + " cannot be stopped")
+	}
+	return halt()
+}
+
+// Start starts the throwaway server again after Stop.
+func Start() error {
+	if resume == nil {
+		return errors.New("pgtest: the server named by " + EnvURL + " cannot be started")
+	}
+	return resume()
 }
 
 // Schema returns the name of a schema no other test uses, dropped with
@@ -162,11 +183,15 @@ func start() (func(), error) {
 		cleanup()
 		return nil, err
 	}
+	halt = func() error { return run("pg_ctl", "-D", data, "-m", "immediate", "-w", "-t", "60", "stop") }
+	resume = func() error {
+		return run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "-o", opts, "start")
+	}
 	restart = func() error {
-		if err := run("pg_ctl", "-D", data, "-m", "immediate", "-w", "-t", "60", "stop"); err != nil {
+		if err := halt(); err != nil {
 			return err
 		}
-		return run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "-o", opts, "start")
+		return resume()
 	}
 	stopServer := func() {
 		_ = run("pg_ctl", "-D", data, "-m", "fast", "-w", "-t", "60", "stop")
