@@ -73,8 +73,8 @@ e2e: ## opt-in tests against the real services (OUTBOX_E2E_* variables; skipped 
 	$(GO) test -count=1 -run E2E -v ./channels/...
 
 .PHONY: drill
-drill: ## the long kill drill: SIGKILL outbox serve 50 times under load, then check nothing was lost or sent twice
-	OUTBOX_DRILL_KILLS=$${KILLS:-50} $(GO) test -count=1 -timeout 30m -run 'TestDrill_Kill$$' -v ./cmd/outbox/
+drill: ## the long kill drill: SIGKILL outbox serve 50 times under load, then check nothing was lost or sent twice (STORE=postgres: on PostgreSQL)
+	OUTBOX_DRILL_KILLS=$${KILLS:-50} OUTBOX_DRILL_STORE=$(STORE) $(GO) test -count=1 -timeout 30m -run 'TestDrill_Kill$$' -v ./cmd/outbox/
 
 .PHONY: faults
 faults: ## the fault drill: 200 faults (FAULTS=…; SEED=… repeats a sequence) under load through outbox serve; table in bin/faults-report.md

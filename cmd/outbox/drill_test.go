@@ -15,6 +15,8 @@ import (
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore"
+	"github.com/outboxhq/outbox/queue/pgstore"
+	"github.com/outboxhq/outbox/queue/pgstore/pgtest"
 )
 
 // TestDrill_Kill is the kill drill: outbox serve runs with the sink
@@ -25,14 +27,33 @@ import (
 // key may have been delivered twice, and the store must pass doctor.
 //
 // make test runs a short form (OUTBOX_DRILL_KILLS, default 4); make drill
-// runs 50 kills and prints the figures.
+// runs 50 kills and prints the figures. OUTBOX_DRILL_STORE=postgres (make
+// drill STORE=postgres) runs it on the PostgreSQL store: the same load, the
+// foreign appender's `outbox enqueue` then writes to the database.
 func TestDrill_Kill(t *testing.T) {
-	kills := 4
+	store := os.Getenv("OUTBOX_DRILL_STORE")
+	switch store {
+	case "", "files":
+		store = "files"
+	case "postgres":
+	default:
+		t.Fatalf("OUTBOX_DRILL_STORE=%q: want files or postgres", store)
+	}
+	killDrill(t, store, 4)
+}
+
+// TestDrill_KillPostgres is the short kill drill on PostgreSQL in make test.
+func TestDrill_KillPostgres(t *testing.T) { killDrill(t, "postgres", 2) }
+
+func killDrill(t *testing.T, store string, kills int) {
 	if v, err := strconv.Atoi(os.Getenv("OUTBOX_DRILL_KILLS")); err == nil && v > 0 {
 		kills = v
 	}
 	bin := buildBinary(t)
 	data := t.TempDir()
+	if store == "postgres" {
+		usePG(t, pgtest.Schema(t)) // every child process inherits the store
+	}
 	const token = "drill-token-0123456789"
 	envDir := t.TempDir()
 
@@ -112,7 +133,13 @@ func TestDrill_Kill(t *testing.T) {
 	if out, code := outbox(t, bin, "doctor", "--data", data); code != 0 {
 		t.Fatalf("doctor after the drill: %s", out)
 	}
-	q, err := filestore.Open(data, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+	var q queue.Store
+	var err error
+	if store == "postgres" {
+		q, err = pgstore.Open(context.Background(), os.Getenv(EnvDatabaseURL), &pgstore.Options{Schema: os.Getenv("OUTBOX_DATABASE_SCHEMA"), NoMigrate: true})
+	} else {
+		q, err = filestore.Open(data, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,8 +174,8 @@ func TestDrill_Kill(t *testing.T) {
 	for st := range counts {
 		rows += counts.Total(st)
 	}
-	report := fmt.Sprintf("kill drill: kills=%d acknowledged=%d rows=%d delivered=%d lost=%d duplicates=%d unresolved=%d deliver_calls=%d",
-		kills, len(acked), rows, delivered, lost, dups, unresolved, len(per))
+	report := fmt.Sprintf("kill drill (%s): kills=%d acknowledged=%d rows=%d delivered=%d lost=%d duplicates=%d unresolved=%d deliver_calls=%d",
+		store, kills, len(acked), rows, delivered, lost, dups, unresolved, len(per))
 	t.Log(report)
 	if os.Getenv("OUTBOX_DRILL_KILLS") != "" {
 		fmt.Println(report)
