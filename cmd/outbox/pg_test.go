@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdh"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
@@ -14,6 +16,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue/httpapi"
 	"github.com/outboxhq/outbox/queue/pgstore"
 	"github.com/outboxhq/outbox/queue/pgstore/pgtest"
 )
@@ -183,14 +187,37 @@ func TestPG_ServeAndOperate(t *testing.T) {
 	if code, b := request(t, "PUT", d.base+"/v1/consent/u3", token, []byte(`{"digest_enabled":true,"push_enabled":true,"email_verified":true,"cadence":"weekly"}`)); code != 200 {
 		t.Fatalf("PUT consent = %d %s", code, b)
 	}
+	// A push subscription, and the one-click unsubscribe of u3's e-mail
+	// (a link signed with the key in --data), both into the database.
+	pk, err := ecdh.P256().GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, _ := json.Marshal(map[string]any{"endpoint": "https://push.example.org/send/abc", "keys": map[string]string{
+		"p256dh": base64.RawURLEncoding.EncodeToString(pk.PublicKey().Bytes()), "auth": base64.RawURLEncoding.EncodeToString([]byte("0123456789abcdef"))}})
+	if code, b := request(t, "POST", d.base+"/api/app/push/subscribe?user=u3", token, sub); code != http.StatusCreated {
+		t.Fatalf("push subscribe = %d %s", code, b)
+	}
+	var subs int
+	if err := pgtest.Admin().QueryRow(context.Background(), `SELECT count(*) FROM `+schema+`.subscriptions`).Scan(&subs); err != nil || subs != 1 {
+		t.Fatalf("subscriptions in the database: %d, %v", subs, err)
+	}
+	key, err := httpapi.LoadOrCreateKey(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := httpapi.NewUnsubscriber(key, d.base).Token(envelope.DefaultTenant, "u3", envelope.ChannelEmail, "ref-u3")
+	if code, b := request(t, "POST", d.base+"/unsubscribe/"+link, "", nil); code != http.StatusOK {
+		t.Fatalf("one-click unsubscribe = %d %s", code, b)
+	}
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
+		{[]string{"consent", "show", "u3"}, "suppressed email"},
 		{[]string{"show", "pg-1"}, "DELIVERED"},
 		{[]string{"ls", "--state", "sent"}, "cli-1"},
 		{[]string{"stats"}, "sent"},
-		{[]string{"consent", "show", "u3"}, "digest_enabled=true"},
 		{[]string{"consent", "set", "u4", "--push"}, "push_enabled=true"},
 		{[]string{"suppressions", "add", "bounce@example.org"}, "suppressed bounce@example.org"},
 		{[]string{"suppressions", "list"}, "bounced"},
