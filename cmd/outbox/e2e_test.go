@@ -86,17 +86,7 @@ func request(t *testing.T, method, url, token string, body []byte) (int, []byte)
 
 func outbox(t *testing.T, bin string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), code
+	return outboxEnv(t, bin, nil, args...)
 }
 
 // eventually re-checks cond until it holds (bounded).
