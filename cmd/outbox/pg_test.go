@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue/httpapi"
@@ -356,4 +357,61 @@ func TestPG_DSNCanary(t *testing.T) {
 	d.stop(t)
 	check("serve's log", d.logs.String())
 	t.Logf("HTTP answers checked: %v", bodies)
+}
+
+// serve on PostgreSQL without any provider (the seam only): a lease of
+// /internal/outbox/pending that expires returns its envelope to pending
+// (no built-in worker recovers it), and the next caller gets it again.
+func TestPG_SeamLeaseReturns(t *testing.T) {
+	bin := buildBinary(t)
+	schema := pgtest.Schema(t)
+	const token = "seam-token-0123456789abcdef"
+	d, out, _ := launchServe(t, bin, t.TempDir(), append(pgEnv(schema), "INTERNAL_OUTBOX_TOKEN="+token), "--no-sink", "--seam-lease", "1s")
+	if d == nil {
+		t.Fatalf("serve:\n%s", out)
+	}
+	if code, b := request(t, "PUT", d.base+"/v1/consent/u_42", token, []byte(`{"digest_enabled":true,"push_enabled":true,"email_verified":true,"cadence":"weekly"}`)); code != 200 {
+		t.Fatalf("PUT consent = %d %s", code, b)
+	}
+	digest, err := os.ReadFile("demodata/your-week-digest.v1.golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e map[string]any
+	json.Unmarshal(digest, &e)
+	e["not_before"] = time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	e["expires_at"] = time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	body, _ := json.Marshal(e)
+	if code, b := request(t, "POST", d.base+"/v1/envelopes", token, body); code != 201 {
+		t.Fatalf("POST = %d %s", code, b)
+	}
+	lease := func() (uint64, bool) {
+		_, b := request(t, "GET", d.base+"/internal/outbox/pending?channel=email", token, nil)
+		var p struct {
+			Leases []struct {
+				Fence uint64 `json:"fence"`
+			} `json:"leases"`
+		}
+		if json.Unmarshal(b, &p) != nil || len(p.Leases) != 1 {
+			return 0, false
+		}
+		return p.Leases[0].Fence, true
+	}
+	first, ok := lease()
+	if !ok {
+		t.Fatal("the envelope was not handed out")
+	}
+	var again uint64
+	eventually(t, "the expired seam lease returned to pending and handed out again", func() bool {
+		f, ok := lease()
+		again = f
+		return ok
+	})
+	if again <= first {
+		t.Fatalf("handed out again with fence %d after %d", again, first)
+	}
+	if _, b := request(t, "GET", d.base+"/metrics", "", nil); !strings.Contains(string(b), "outbox_seam_leases_expired_total 1") {
+		t.Errorf("metrics: no expired seam lease counted")
+	}
+	d.stop(t)
 }
