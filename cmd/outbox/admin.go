@@ -15,7 +15,7 @@ import (
 )
 
 func init() {
-	register(&command{Name: "doctor", Short: "check that index and logs agree; rebuild the index from the logs when it is lost or corrupt", Run: runDoctor})
+	register(&command{Name: "doctor", Short: "check that index and logs agree; rebuild the index from the logs when it is lost or corrupt (PostgreSQL: schema version and rows to look at)", Run: runDoctor})
 	register(&command{Name: "compact", Short: "prune terminal rows past retention and compact the index file", Run: runCompact})
 	register(&command{Name: "path", Short: "print the append log path of a user (for foreign appenders)", Run: runPath})
 }

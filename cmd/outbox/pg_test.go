@@ -285,13 +285,15 @@ func TestPG_DSNCanary(t *testing.T) {
 	}
 
 	data := t.TempDir()
+	envFile := filepath.Join(t.TempDir(), "env.json")
+	os.WriteFile(envFile, replyJSON("c-0", "u1"), 0o600)
 	for _, bad := range []struct{ name, dsn, want string }{
 		{"wrong password", pgtest.DSN() + " user=" + pgtest.PasswordUser + " password=" + pw, "password authentication failed"},
 		{"no server", "host=127.0.0.1 port=1 user=" + role + " password=" + pw + " dbname=postgres sslmode=disable connect_timeout=5", "cannot connect to the database"},
 		{"bad URL", "postgres://" + role + ":" + pw + "@127.0.0.1:notaport/postgres", "does not parse"},
 	} {
 		env := []string{EnvDatabaseURL + "=" + bad.dsn, "OUTBOX_DATABASE_SCHEMA=" + schema}
-		for _, args := range [][]string{{"migrate"}, {"ls"}, {"stats"}, {"doctor"}, {"consent", "show", "u1"}} {
+		for _, args := range [][]string{{"migrate"}, {"ls"}, {"stats"}, {"doctor"}, {"consent", "show", "u1"}, {"enqueue", envFile}} {
 			out, code := outboxEnv(t, bin, env, args...)
 			check(bad.name+": outbox "+args[0], out)
 			if code == 0 || !strings.Contains(out, bad.want) {
