@@ -26,7 +26,7 @@ const (
 	CodeLeaseLost         = "lease_lost"             // this process holds no lease on the envelope: fetch /pending again
 	CodeBodyTooLarge      = "body_too_large"         // the body exceeds Config.MaxBody
 	CodeUnsupportedMedia  = "unsupported_media_type" // the body must be application/json
-	CodeUnavailable       = "unavailable"            // the store is closed or the request was cancelled
+	CodeUnavailable       = "unavailable"            // the store is closed or unreachable, or the request was cancelled
 	CodeOverloaded        = "overloaded"             // too many request bodies in flight (Config.MaxInflight): retry after Retry-After
 	CodeStorageFull       = "storage_full"           // 507: the store's file system is full (ENOSPC, EDQUOT)
 	CodeStorageReadOnly   = "storage_read_only"      // 503: the store's file system is read-only (EROFS)
