@@ -200,24 +200,7 @@ func TestE2E_Seam(t *testing.T) {
 	data := t.TempDir()
 	const token = "seam-token-0123456789"
 	d := startServe(t, bin, data, token, "--no-sink")
-
-	if code, b := request(t, "PUT", d.base+"/v1/consent/u_42", token, []byte(`{"digest_enabled":true,"push_enabled":true,"email_verified":true,"cadence":"weekly"}`)); code != 200 {
-		t.Fatalf("PUT consent = %d %s", code, b)
-	}
-	digest, err := os.ReadFile("demodata/your-week-digest.v1.golden.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Move the fixture's window around now so it is due and not expired.
-	var env map[string]any
-	json.Unmarshal(digest, &env)
-	env["not_before"] = time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
-	env["expires_at"] = time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
-	body, _ := json.Marshal(env)
-	if code, b := request(t, "POST", d.base+"/v1/envelopes", token, body); code != 201 {
-		t.Fatalf("POST = %d %s", code, b)
-	}
-	id := env["id"].(string)
+	id := postSeamDigest(t, d.base, token)
 
 	code, b := request(t, "GET", d.base+"/internal/outbox/pending?channel=email&limit=5", token, nil)
 	if code != 200 {
@@ -253,4 +236,27 @@ func TestE2E_Seam(t *testing.T) {
 		t.Fatalf("after status = %d %s", code, b)
 	}
 	d.stop(t)
+}
+
+// postSeamDigest sets u_42's consent and posts the digest fixture, due now
+// and not expired, for the seam's tests; it returns the envelope's id.
+func postSeamDigest(t *testing.T, base, token string) string {
+	t.Helper()
+	if code, b := request(t, "PUT", base+"/v1/consent/u_42", token, []byte(`{"digest_enabled":true,"push_enabled":true,"email_verified":true,"cadence":"weekly"}`)); code != 200 {
+		t.Fatalf("PUT consent = %d %s", code, b)
+	}
+	digest, err := os.ReadFile("demodata/your-week-digest.v1.golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Move the fixture's window around now so it is due and not expired.
+	var env map[string]any
+	json.Unmarshal(digest, &env)
+	env["not_before"] = time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	env["expires_at"] = time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	body, _ := json.Marshal(env)
+	if code, b := request(t, "POST", base+"/v1/envelopes", token, body); code != 201 {
+		t.Fatalf("POST = %d %s", code, b)
+	}
+	return env["id"].(string)
 }

@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue/httpapi"
@@ -372,21 +371,7 @@ func TestPG_SeamLeaseReturns(t *testing.T) {
 	if d == nil {
 		t.Fatalf("serve:\n%s", out)
 	}
-	if code, b := request(t, "PUT", d.base+"/v1/consent/u_42", token, []byte(`{"digest_enabled":true,"push_enabled":true,"email_verified":true,"cadence":"weekly"}`)); code != 200 {
-		t.Fatalf("PUT consent = %d %s", code, b)
-	}
-	digest, err := os.ReadFile("demodata/your-week-digest.v1.golden.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var e map[string]any
-	json.Unmarshal(digest, &e)
-	e["not_before"] = time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
-	e["expires_at"] = time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
-	body, _ := json.Marshal(e)
-	if code, b := request(t, "POST", d.base+"/v1/envelopes", token, body); code != 201 {
-		t.Fatalf("POST = %d %s", code, b)
-	}
+	postSeamDigest(t, d.base, token)
 	lease := func() (uint64, bool) {
 		_, b := request(t, "GET", d.base+"/internal/outbox/pending?channel=email", token, nil)
 		var p struct {
