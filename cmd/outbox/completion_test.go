@@ -86,7 +86,7 @@ func TestCompletion_BashCompletes(t *testing.T) {
 	}
 	// Every flag of a command, from its own flag set.
 	got := bashComplete(t, script, "outbox compact --")
-	if strings.Join(got, " ") != "--data --retention" {
+	if strings.Join(got, " ") != "--data --database-schema --database-url --retention" {
 		t.Errorf("compact's flags: %q", got)
 	}
 }
