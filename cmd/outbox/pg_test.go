@@ -173,6 +173,9 @@ func TestPG_ServeAndOperate(t *testing.T) {
 	if out, code := outboxEnv(t, bin, env, "enqueue", f); code != 0 || !strings.Contains(out, "duplicate default/cli-1") {
 		t.Fatalf("enqueue again = %d %s", code, out)
 	}
+	if out, code := outboxEnv(t, bin, env, "enqueue", "--json", f); code != 0 || !strings.Contains(out, `"status": "duplicate"`) {
+		t.Fatalf("enqueue --json again = %d %s", code, out)
+	}
 	sent := func(id string) bool {
 		code, b := request(t, "GET", d.base+"/v1/envelopes/"+id, token, nil)
 		return code == 200 && strings.Contains(string(b), `"status":"delivered"`)
@@ -223,6 +226,7 @@ func TestPG_ServeAndOperate(t *testing.T) {
 		{[]string{"suppressions", "list"}, "bounced"},
 		{[]string{"erase", "u2"}, "erased default/u2"},
 		{[]string{"doctor"}, "unresolved 0"},
+		{[]string{"doctor", "--json"}, `"schema_version": ` + strconv.Itoa(pgstore.SchemaVersion())},
 	} {
 		if out, code := outboxEnv(t, bin, env, c.args...); code != 0 || !strings.Contains(out, c.want) {
 			t.Fatalf("outbox %v = %d %q, want %q", c.args, code, out, c.want)
