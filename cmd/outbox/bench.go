@@ -35,7 +35,9 @@ func init() {
 const benchHelp = `Usage: outbox bench [flags]
 
 Runs the phases of the project's benchmark harness on a fresh store each,
-with 1 KiB envelopes (figures and how to compare them: docs/capacity.md):
+with 1 KiB envelopes, through the store contract and the real worker
+(figures and how to compare them: docs/capacity.md, and for PostgreSQL
+docs/capacity-postgres.md):
 
   send_p1   1 producer enqueues N envelopes (closed loop)
   drain_c1  1 worker slot drains them: claim → render → deliver to a no-op
@@ -54,13 +56,20 @@ same key; a worker with a provider that does not (Telegram, Web Push) fsyncs
 each claim (see docs/reliability.md). --relaxed skips the enqueue's fsync
 too (not durable against a machine crash).
 
+--store postgres runs the same phases on PostgreSQL (--database-url, or
+OUTBOX_DATABASE_URL / OUTBOX_DATABASE_URL_FILE), each in a schema of its own
+(outbox_bench_…) that is dropped at the end; every commit is as durable as
+the server's fsync and synchronous_commit make it. When the server runs on
+this machine and its processes are readable, each phase also reports the
+server's CPU per message (server_cpu_us_per_msg).
+
 Flags:
 `
 
 type benchOpts struct {
 	n, e2eN, rate, users, producers, consumers int
 	relaxed                                    bool
-	dir                                        string
+	dir                                        string          // the file store's parent directory
 	only                                       map[string]bool // phase groups to run; nil: all
 }
 
@@ -70,7 +79,7 @@ var benchGroups = []string{"p1", "p16", "e2e"}
 func runBench(ctx context.Context, e *env, args []string) int {
 	s := newSettings("bench", e)
 	s.usage(benchHelp)
-	dir := s.fs.String("data", "", "directory for the temporary stores (default the system temp dir)")
+	dir := s.fs.String("data", "", "directory for the temporary stores of --store file (default the system temp dir)")
 	js := s.fs.Bool("json", false, "print one JSON object with the harness's metric names")
 	var o benchOpts
 	s.fs.IntVar(&o.n, "n", 5000, "envelopes per send/drain phase")
@@ -79,7 +88,9 @@ func runBench(ctx context.Context, e *env, args []string) int {
 	s.fs.IntVar(&o.users, "users", 1, "users the envelopes are spread over (one append log each)")
 	s.fs.IntVar(&o.producers, "producers", 16, "producers of send_p16")
 	s.fs.IntVar(&o.consumers, "consumers", 4, "worker slots of drain_c4 and e2e_c4")
-	s.fs.BoolVar(&o.relaxed, "relaxed", false, "relaxed durability (no fsync)")
+	s.fs.BoolVar(&o.relaxed, "relaxed", false, "relaxed durability (no fsync; --store file only)")
+	store := s.fs.String("store", "file", "the store to measure: file or postgres")
+	dbURL := s.fs.String("database-url", "", "PostgreSQL URL of --store postgres (default env OUTBOX_DATABASE_URL, or the file OUTBOX_DATABASE_URL_FILE names)")
 	cpuProfile := s.fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	only := s.fs.String("only", "", "comma-separated phase groups to run: p1 (send_p1, drain_c1), p16 (send_p16, drain_c4), e2e (e2e_c1, e2e_c4); default all")
 	if code, done := s.parse(args); done {
@@ -91,10 +102,39 @@ func runBench(ctx context.Context, e *env, args []string) int {
 		for _, g := range strings.Split(*only, ",") {
 			if !slices.Contains(benchGroups, g) {
 				fmt.Fprintf(e.Stderr, "outbox bench: --only: unknown phase group %q (want %s)\n", g, strings.Join(benchGroups, ", "))
-				return 2
+				return exitUsage
 			}
 			o.only[g] = true
 		}
+	}
+	var back benchBackend
+	switch *store {
+	case "file":
+		if *dbURL != "" {
+			fmt.Fprintln(e.Stderr, "outbox bench: --database-url needs --store postgres")
+			return exitUsage
+		}
+		back = &fileBench{o: o}
+	case "postgres":
+		if o.relaxed {
+			fmt.Fprintln(e.Stderr, "outbox bench: --relaxed is for --store file (PostgreSQL commits as its synchronous_commit says)")
+			return exitUsage
+		}
+		dsn := *dbURL
+		if dsn == "" {
+			var err error
+			if dsn, err = secret(e, "OUTBOX_DATABASE_URL"); err != nil {
+				return fail(e, "%v", err)
+			}
+		}
+		if dsn == "" {
+			fmt.Fprintln(e.Stderr, "outbox bench: --store postgres needs --database-url or OUTBOX_DATABASE_URL")
+			return exitUsage
+		}
+		back = &pgBench{dsn: dsn}
+	default:
+		fmt.Fprintf(e.Stderr, "outbox bench: --store: unknown store %q (want file or postgres)\n", *store)
+		return exitUsage
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -107,7 +147,7 @@ func runBench(ctx context.Context, e *env, args []string) int {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	m, err := benchAll(ctx, o, func(format string, a ...any) {
+	m, err := benchAll(ctx, back, o, func(format string, a ...any) {
 		if !*js {
 			fmt.Fprintf(e.Stderr, format, a...)
 		}
@@ -116,29 +156,40 @@ func runBench(ctx context.Context, e *env, args []string) int {
 		return fail(e, "%v", err)
 	}
 	if *js {
+		params := map[string]any{"n": o.n, "e2e_n": o.e2eN, "e2e_rate": o.rate, "users": o.users,
+			"producers": o.producers, "consumers": o.consumers, "size": 1024, "durability": back.durability()}
+		for k, v := range back.params() {
+			params[k] = v
+		}
 		out := map[string]any{
-			"bench": "outbox",
-			"params": map[string]any{"n": o.n, "e2e_n": o.e2eN, "e2e_rate": o.rate, "users": o.users,
-				"producers": o.producers, "consumers": o.consumers, "size": 1024, "durability": durability(o.relaxed)},
+			"bench":   "outbox",
+			"store":   back.name(),
+			"params":  params,
 			"metrics": m,
 			"host":    map[string]any{"cpus": runtime.NumCPU(), "go": runtime.Version(), "os": runtime.GOOS, "arch": runtime.GOARCH},
 		}
 		return printJSON(e, out)
 	}
-	fmt.Fprintf(e.Stdout, "outbox bench: %d envelopes of 1 KiB, %d user(s), durability: %s, %d CPUs\n\n", o.n, o.users, durability(o.relaxed), runtime.NumCPU())
+	fmt.Fprintf(e.Stdout, "outbox bench: store %s, %d envelopes of 1 KiB, %d user(s), durability: %s, %d CPUs\n\n", back.name(), o.n, o.users, back.durability(), runtime.NumCPU())
+	_, server := back.serverCPU()
 	tw := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "phase\tmsgs/s\tp50 µs\tp99 µs\tCPU µs/msg\t")
+	head := "phase\tmsgs/s\tp50 µs\tp99 µs\tCPU µs/msg\t"
+	if server {
+		head += "server CPU µs/msg\t"
+	}
+	fmt.Fprintln(tw, head)
 	for _, p := range []string{"send_p1", "drain_c1", "send_p16", "drain_c4", "e2e_c1", "e2e_c4"} {
 		if _, ran := m[p+"_per_s"]; !ran {
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.1f\t\n", p, m[p+"_per_s"], m[p+"_p50_us"], m[p+"_p99_us"], m[p+"_cpu_us_per_msg"])
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.1f\t", p, m[p+"_per_s"], m[p+"_p50_us"], m[p+"_p99_us"], m[p+"_cpu_us_per_msg"])
+		if server {
+			fmt.Fprintf(tw, "%.1f\t", m[p+"_server_cpu_us_per_msg"])
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
-	send := "the durable enqueue (validate, append, fdatasync)"
-	if o.relaxed {
-		send = "the enqueue (validate, append; no fsync)"
-	}
+	send := back.sendWhat()
 	for _, p := range []string{"e2e_c1", "e2e_c4"} {
 		if v, ok := m[p+"_send_p50_us"]; ok {
 			fmt.Fprintf(e.Stdout, "\n%s: %s took p50 %.0f µs, p99 %.0f µs of it", p, send, v, m[p+"_send_p99_us"])
@@ -234,9 +285,80 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// cpuMeter measures a phase's CPU: this process's and, when the backend
+// can read it, the database server's.
+type cpuMeter struct {
+	b          benchBackend
+	self, serv time.Duration
+	servOK     bool
+}
+
+func startCPU(b benchBackend) cpuMeter {
+	c := cpuMeter{b: b, self: cpuTime()}
+	c.serv, c.servOK = b.serverCPU()
+	return c
+}
+
+// stop records the CPU per message of the phase's n messages.
+func (c cpuMeter) stop(m phaseStats, prefix string, n int, self bool) {
+	if n == 0 {
+		return
+	}
+	if self {
+		m[prefix+"_cpu_us_per_msg"] = float64((cpuTime() - c.self).Microseconds()) / float64(n)
+	}
+	if s, ok := c.b.serverCPU(); ok && c.servOK {
+		m[prefix+"_server_cpu_us_per_msg"] = float64((s - c.serv).Microseconds()) / float64(n)
+	}
+}
+
+// benchStore is the fresh store of one phase group.
 type benchStore struct {
-	q   *filestore.Queue
-	dir string
+	q     queue.Store
+	close func() error // closes it and removes what it stored
+}
+
+// benchBackend opens the fresh stores of one run on one kind of store.
+type benchBackend interface {
+	name() string
+	// open returns a fresh, empty store; end removes whatever the run
+	// left (it runs last, also after a failure).
+	open(ctx context.Context) (*benchStore, error)
+	end() error
+	durability() string
+	sendWhat() string       // what an enqueue does, in a sentence's words
+	params() map[string]any // the backend's settings, for the JSON
+	// serverCPU returns the CPU the database server's processes have
+	// used so far, when they run on this machine and can be read.
+	serverCPU() (time.Duration, bool)
+}
+
+// fileBench runs on the file store, each store in a directory of its own.
+type fileBench struct {
+	o    benchOpts
+	root string
+}
+
+func (f *fileBench) name() string { return "file" }
+
+func (f *fileBench) durability() string { return durability(f.o.relaxed) }
+
+func (f *fileBench) sendWhat() string {
+	if f.o.relaxed {
+		return "the enqueue (validate, append; no fsync)"
+	}
+	return "the durable enqueue (validate, append, fdatasync)"
+}
+
+func (f *fileBench) params() map[string]any { return nil }
+
+func (f *fileBench) serverCPU() (time.Duration, bool) { return 0, false }
+
+func (f *fileBench) end() error {
+	if f.root == "" {
+		return nil
+	}
+	return os.RemoveAll(f.root)
 }
 
 // benchRoot makes the directory a run's stores go in, each under a random
@@ -258,31 +380,36 @@ func benchRoot(parent string) (string, error) {
 	return root, nil
 }
 
-func openBenchStore(o benchOpts) (*benchStore, error) {
-	dir, err := os.MkdirTemp(o.dir, "store-")
+func (f *fileBench) open(context.Context) (*benchStore, error) {
+	if f.root == "" {
+		root, err := benchRoot(f.o.dir)
+		if err != nil {
+			return nil, err
+		}
+		f.root = root
+	}
+	dir, err := os.MkdirTemp(f.root, "store-")
 	if err != nil {
 		return nil, err
 	}
 	// The store as `outbox serve` runs it: the tailer watches the logs, and
 	// claims skip their fsync for the no-op provider's channel, whose
 	// provider redelivers idempotently (see idempotentChannels).
-	q, err := filestore.Open(dir, &filestore.Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, NoSync: o.relaxed, UnsyncedClaims: []envelope.Channel{envelope.ChannelTelegram}})
+	q, err := filestore.Open(dir, &filestore.Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, NoSync: f.o.relaxed, UnsyncedClaims: []envelope.Channel{envelope.ChannelTelegram}})
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	return &benchStore{q: q, dir: dir}, nil
+	return &benchStore{q: q, close: func() error { q.Close(); return os.RemoveAll(dir) }}, nil
 }
 
-func (b *benchStore) close() { b.q.Close(); os.RemoveAll(b.dir) }
-
 // send enqueues n envelopes from producers goroutines (closed loop).
-func benchSend(ctx context.Context, q *filestore.Queue, o benchOpts, producers int, prefix string, m phaseStats) error {
+func benchSend(ctx context.Context, b benchBackend, q queue.Store, o benchOpts, producers int, prefix string, m phaseStats) error {
 	var next atomic.Int64
 	lats := make([][]time.Duration, producers)
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
-	cpu0, t0 := cpuTime(), time.Now()
+	cpu, t0 := startCPU(b), time.Now()
 	for p := 0; p < producers; p++ {
 		wg.Add(1)
 		go func() {
@@ -311,14 +438,14 @@ func benchSend(ctx context.Context, q *filestore.Queue, o benchOpts, producers i
 	for _, l := range lats {
 		all = append(all, l...)
 	}
+	cpu.stop(m, prefix, len(all), true)
 	m[prefix+"_per_s"] = float64(len(all)) / el.Seconds()
 	m[prefix+"_n"] = float64(len(all))
-	m[prefix+"_cpu_us_per_msg"] = float64((cpuTime() - cpu0).Microseconds()) / float64(len(all))
 	latStats(m, prefix, all)
 	return nil
 }
 
-func benchWorker(q *filestore.Queue, p *benchProvider, slots int) (*worker.Worker, error) {
+func benchWorker(q queue.Store, p *benchProvider, slots int) (*worker.Worker, error) {
 	r, err := render.New(nil)
 	if err != nil {
 		return nil, err
@@ -331,7 +458,7 @@ func benchWorker(q *filestore.Queue, p *benchProvider, slots int) (*worker.Worke
 }
 
 // benchDrain runs the worker until every envelope was delivered.
-func benchDrain(ctx context.Context, q *filestore.Queue, o benchOpts, slots int, prefix string, m phaseStats, dups *float64) error {
+func benchDrain(ctx context.Context, b benchBackend, q queue.Store, o benchOpts, slots int, prefix string, m phaseStats, dups *float64) error {
 	p := newBenchProvider()
 	w, err := benchWorker(q, p, slots)
 	if err != nil {
@@ -339,7 +466,7 @@ func benchDrain(ctx context.Context, q *filestore.Queue, o benchOpts, slots int,
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	cpu0, t0 := cpuTime(), time.Now()
+	cpu, t0 := startCPU(b), time.Now()
 	go func() { done <- w.Run(runCtx) }()
 	for p.count.Load() < int64(o.n) {
 		select {
@@ -373,15 +500,15 @@ func benchDrain(ctx context.Context, q *filestore.Queue, o benchOpts, slots int,
 	stop()
 	<-done
 	w.Close()
+	cpu.stop(m, prefix, o.n, true)
 	m[prefix+"_per_s"] = float64(o.n) / el2.Seconds()
 	m[prefix+"_deliver_per_s"] = float64(o.n) / el.Seconds()
-	m[prefix+"_cpu_us_per_msg"] = float64((cpuTime() - cpu0).Microseconds()) / float64(o.n)
 	*dups += float64(p.dups.Load())
 	return nil
 }
 
 // benchE2E measures enqueue → provider call with an idle worker waiting.
-func benchE2E(ctx context.Context, q *filestore.Queue, o benchOpts, slots int, prefix string, base int, m phaseStats, dups *float64) error {
+func benchE2E(ctx context.Context, b benchBackend, q queue.Store, o benchOpts, slots int, prefix string, base int, m phaseStats, dups *float64) error {
 	p := newBenchProvider()
 	p.notify = make(chan benchHit, o.e2eN+16)
 	w, err := benchWorker(q, p, slots)
@@ -412,7 +539,7 @@ func benchE2E(ctx context.Context, q *filestore.Queue, o benchOpts, slots int, p
 			}
 		}
 	}()
-	start := time.Now()
+	cpu, start := startCPU(b), time.Now()
 	interval := time.Second / time.Duration(o.rate)
 	enq := make([]time.Duration, 0, o.e2eN)
 	for i := 0; i < o.e2eN; i++ {
@@ -437,6 +564,7 @@ func benchE2E(ctx context.Context, q *filestore.Queue, o benchOpts, slots int, p
 	if len(lats) < o.e2eN {
 		return fmt.Errorf("%s: %d of %d delivered", prefix, len(lats), o.e2eN)
 	}
+	cpu.stop(m, prefix, len(lats), false) // an open loop: its own CPU is mostly waiting, as the harness leaves it out
 	m[prefix+"_per_s"] = float64(len(lats)) / el.Seconds()
 	latStats(m, prefix, lats)
 	latStats(m, prefix+"_send", enq) // the durable enqueue's share of it
@@ -444,20 +572,19 @@ func benchE2E(ctx context.Context, q *filestore.Queue, o benchOpts, slots int, p
 	return nil
 }
 
-func benchAll(ctx context.Context, o benchOpts, progress func(string, ...any)) (phaseStats, error) {
+func benchAll(ctx context.Context, b benchBackend, o benchOpts, progress func(string, ...any)) (m phaseStats, err error) {
+	defer func() {
+		if e := b.end(); e != nil && err == nil {
+			err = e
+		}
+	}()
 	if o.users < 1 {
 		o.users = 1
 	}
-	root, err := benchRoot(o.dir)
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(root)
-	o.dir = root
 	if o.rate < 1 {
 		o.rate = 1
 	}
-	m := phaseStats{}
+	m = phaseStats{}
 	var dups float64
 	run := func(name string, fn func() error) error {
 		progress("%-9s ...", name)
@@ -469,16 +596,26 @@ func benchAll(ctx context.Context, o benchOpts, progress func(string, ...any)) (
 		progress(" %.1fs\n", time.Since(t).Seconds())
 		return nil
 	}
-	pair := func(producers, slots int, send, drain string) error {
-		st, err := openBenchStore(o)
+	// group runs fn on a fresh store and removes it.
+	group := func(fn func(q queue.Store) error) (err error) {
+		st, err := b.open(ctx)
 		if err != nil {
 			return err
 		}
-		defer st.close()
-		if err := run(send, func() error { return benchSend(ctx, st.q, o, producers, send, m) }); err != nil {
-			return err
-		}
-		return run(drain, func() error { return benchDrain(ctx, st.q, o, slots, drain, m, &dups) })
+		defer func() {
+			if e := st.close(); e != nil && err == nil {
+				err = e
+			}
+		}()
+		return fn(st.q)
+	}
+	pair := func(producers, slots int, send, drain string) error {
+		return group(func(q queue.Store) error {
+			if err := run(send, func() error { return benchSend(ctx, b, q, o, producers, send, m) }); err != nil {
+				return err
+			}
+			return run(drain, func() error { return benchDrain(ctx, b, q, o, slots, drain, m, &dups) })
+		})
 	}
 	want := func(group string) bool { return o.only == nil || o.only[group] }
 	if want("p1") {
@@ -491,20 +628,16 @@ func benchAll(ctx context.Context, o benchOpts, progress func(string, ...any)) (
 			return nil, err
 		}
 	}
-	m["duplicates_n"] = dups
-	if !want("e2e") {
-		return m, nil
-	}
-	st, err := openBenchStore(o)
-	if err != nil {
-		return nil, err
-	}
-	defer st.close()
-	if err := run("e2e_c1", func() error { return benchE2E(ctx, st.q, o, 1, "e2e_c1", 1, m, &dups) }); err != nil {
-		return nil, err
-	}
-	if err := run("e2e_c4", func() error { return benchE2E(ctx, st.q, o, o.consumers, "e2e_c4", 4, m, &dups) }); err != nil {
-		return nil, err
+	if want("e2e") {
+		err := group(func(q queue.Store) error {
+			if err := run("e2e_c1", func() error { return benchE2E(ctx, b, q, o, 1, "e2e_c1", 1, m, &dups) }); err != nil {
+				return err
+			}
+			return run("e2e_c4", func() error { return benchE2E(ctx, b, q, o, o.consumers, "e2e_c4", 4, m, &dups) })
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	m["duplicates_n"] = dups
 	return m, nil
