@@ -77,7 +77,7 @@ func (cc *consents) part(users []userKey) (batchPart, bool) {
 	}, true
 }
 
-func (cc *consents) get(ctx context.Context, tx pgx.Tx, tenant, user string) (queue.Consent, bool, error) {
+func (cc *consents) get(ctx context.Context, tx querier, tenant, user string) (queue.Consent, bool, error) {
 	k := userKey{tenant, user}
 	if e, ok := cc.m[k]; ok {
 		return e.c, e.found, nil
@@ -124,7 +124,7 @@ func scanConsent(r pgx.Row, pre ...any) (queue.Consent, error) {
 }
 
 // readConsent reads a user's consent record (locked FOR UPDATE when lock).
-func (s *Store) readConsent(ctx context.Context, tx pgx.Tx, k userKey, lock bool) (queue.Consent, bool, error) {
+func (s *Store) readConsent(ctx context.Context, tx querier, k userKey, lock bool) (queue.Consent, bool, error) {
 	q := `SELECT ` + consentCols + ` FROM {s}.consents WHERE tenant = $1 AND user_id = $2`
 	if lock {
 		q += ` FOR UPDATE`

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -13,62 +16,221 @@ import (
 
 // Enqueue validates every envelope (queue.Prepare), admits the new ones
 // (queue.Admit: expiry and current consent) and stores them in one
-// transaction: on any error nothing is stored. A (tenant, id) stored
-// already, or by a concurrent call that commits first, is a duplicate. See
+// statement, so in one transaction: on any error nothing is stored. A
+// (tenant, id) stored already, or by a concurrent call that commits first,
+// is a duplicate. Concurrent calls share that statement (group commit):
+// while one group's statements run, the calls that arrive wait and go
+// together in the next group, each call still all or nothing. See
 // queue.Store.
 func (s *Store) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queue.EnqueueResult, error) {
 	prep, err := queue.Prepare(envs)
 	if err != nil {
 		return nil, err
 	}
-	var (
-		res     []queue.EnqueueResult
-		created bool
-	)
-	err = s.inTx(ctx, "enqueue", func(tx pgx.Tx) error {
-		var err error
-		res, created, err = s.enqueue(ctx, tx, prep)
-		return err
-	})
-	if err != nil {
-		var ee *queue.EnqueueError
-		if !errors.As(err, &ee) && !errors.Is(err, queue.ErrClosed) {
-			s.metrics.EnqueueErrors.Inc()
-		}
+	if err := s.check(ctx); err != nil {
 		return nil, err
 	}
-	for i, r := range res {
+	c := &enqCall{ctx: ctx, prep: prep, lead: make(chan []*enqCall, 1), done: make(chan struct{})}
+	s.submit(c)
+	if c.err != nil {
+		var ee *queue.EnqueueError
+		if !errors.As(c.err, &ee) && !errors.Is(c.err, queue.ErrClosed) && ctx.Err() == nil {
+			s.metrics.EnqueueErrors.Inc()
+		}
+		return nil, c.err
+	}
+	for i, r := range c.res {
 		if r.Duplicate {
 			s.metrics.Duplicates.Inc()
 		} else {
 			s.metrics.Enqueued.WithLabelValues(string(prep[i].Env.Channel)).Inc()
 		}
 	}
-	if created {
+	if c.created {
 		s.wake()
 	}
-	return res, nil
+	return c.res, nil
 }
 
-func (s *Store) enqueue(ctx context.Context, tx pgx.Tx, prep []queue.Prepared) ([]queue.EnqueueResult, bool, error) {
-	now := s.now()
-	res := make([]queue.EnqueueResult, len(prep))
-	keys := make([]envKey, len(prep))
-	users := make([]userKey, 0, len(prep))
-	var targets []envKey // (tenant, address target)
-	for i, p := range prep {
-		e := p.Env
-		keys[i] = envKey{e.TenantID, e.ID}
-		res[i] = queue.EnqueueResult{Tenant: keys[i].tenant, ID: keys[i].id, Segments: p.Segments}
-		users = append(users, userKey{e.TenantID, e.UserID})
-		if t := queue.AddressTarget(e); t != "" {
-			targets = append(targets, envKey{e.TenantID, t})
+// enqCall is one Enqueue call on its way through a group.
+type enqCall struct {
+	ctx     context.Context
+	prep    []queue.Prepared
+	res     []queue.EnqueueResult
+	created bool // it stored at least one envelope
+	err     error
+	lead    chan []*enqCall // a group for this call to run (it leads it)
+	done    chan struct{}   // closed when another call ran this one's group
+}
+
+// enqueuer lets one group of calls run at a time; the calls that arrive
+// meanwhile wait for the next.
+type enqueuer struct {
+	mu      sync.Mutex
+	running bool
+	waiting []*enqCall
+
+	// Test hooks (nil outside tests): a call starts waiting, a group runs.
+	onWait  func()
+	onGroup func(calls int)
+}
+
+// maxGroup bounds the envelopes of one group (a call larger than that goes
+// alone).
+const maxGroup = 1000
+
+// submit runs c in a group and returns when its result is set.
+func (s *Store) submit(c *enqCall) {
+	g := &s.enq
+	g.mu.Lock()
+	if !g.running {
+		g.running = true
+		g.mu.Unlock()
+		s.runGroup([]*enqCall{c})
+		return
+	}
+	g.waiting = append(g.waiting, c)
+	g.mu.Unlock()
+	if g.onWait != nil {
+		g.onWait()
+	}
+	cancelled := c.ctx.Done()
+	for {
+		select {
+		case grp := <-c.lead:
+			s.runGroup(grp)
+			return
+		case <-c.done:
+			return
+		case <-cancelled:
+			g.mu.Lock()
+			if i := slices.Index(g.waiting, c); i >= 0 {
+				g.waiting = slices.Delete(g.waiting, i, i+1)
+				g.mu.Unlock()
+				c.err = c.ctx.Err()
+				return
+			}
+			g.mu.Unlock()
+			cancelled = nil // in a group already: its statement ends it
 		}
+	}
+}
+
+// runGroup runs grp (grp[0] is the calling one), then hands the calls
+// waiting by now to the first of them.
+func (s *Store) runGroup(grp []*enqCall) {
+	s.enqueueGroup(grp)
+	for _, c := range grp[1:] {
+		close(c.done)
+	}
+	g := &s.enq
+	g.mu.Lock()
+	if len(g.waiting) == 0 {
+		g.running = false
+		g.mu.Unlock()
+		return
+	}
+	n, size := 0, 0
+	for n < len(g.waiting) && (n == 0 || size+len(g.waiting[n].prep) <= maxGroup) {
+		size += len(g.waiting[n].prep)
+		n++
+	}
+	next := slices.Clone(g.waiting[:n])
+	g.waiting = slices.Delete(g.waiting, 0, n)
+	g.mu.Unlock()
+	next[0].lead <- next
+}
+
+// enqueueGroup stores the calls of grp. When the server refuses the
+// group's statement, each call is tried alone, so that no call fails for
+// another's envelopes.
+func (s *Store) enqueueGroup(grp []*enqCall) {
+	if s.enq.onGroup != nil {
+		s.enq.onGroup(len(grp))
+	}
+	ctx, stop := groupContext(grp)
+	defer stop()
+	err := safeErr("enqueue", s.enqueue(ctx, grp))
+	var pe *pgconn.PgError
+	if err != nil && len(grp) > 1 && errors.As(err, &pe) {
+		for _, c := range grp {
+			c.err = safeErr("enqueue", s.enqueue(c.ctx, []*enqCall{c}))
+		}
+		return
+	}
+	if err != nil {
+		for _, c := range grp {
+			c.res, c.created, c.err = nil, false, err
+		}
+	}
+}
+
+// groupContext returns a context that ends when every call's context has
+// ended (the one call's own context for a group of one).
+func groupContext(grp []*enqCall) (context.Context, func()) {
+	if len(grp) == 1 {
+		return grp[0].ctx, func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var left atomic.Int64
+	left.Store(int64(len(grp)))
+	stops := make([]func() bool, len(grp))
+	for i, c := range grp {
+		stops[i] = context.AfterFunc(c.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, st := range stops {
+			st()
+		}
+		cancel()
+	}
+}
+
+// entry is one envelope of a group.
+type entry struct {
+	call *enqCall
+	i    int // its index in the call
+	key  envKey
+}
+
+// enqueue stores the calls' envelopes in one statement. A call refused by
+// queue.Admit gets its error and stores nothing; the others go on. The
+// reads need no transaction (READ COMMITTED gives each statement its own
+// snapshot either way, and the insert's ON CONFLICT settles a race with
+// another call); the one INSERT statement is atomic. It returns an error
+// that fails every call of the group.
+func (s *Store) enqueue(ctx context.Context, grp []*enqCall) error {
+	now := s.now()
+	var (
+		all     []entry
+		users   []userKey
+		targets []envKey // (tenant, address target)
+	)
+	for _, c := range grp {
+		c.res, c.created, c.err = make([]queue.EnqueueResult, len(c.prep)), false, nil
+		for i, p := range c.prep {
+			e := p.Env
+			k := envKey{e.TenantID, e.ID}
+			all = append(all, entry{c, i, k})
+			c.res[i] = queue.EnqueueResult{Tenant: k.tenant, ID: k.id, Segments: p.Segments}
+			users = append(users, userKey{e.TenantID, e.UserID})
+			if t := queue.AddressTarget(e); t != "" {
+				targets = append(targets, envKey{e.TenantID, t})
+			}
+		}
+	}
+	keys := make([]envKey, len(all))
+	for n, en := range all {
+		keys[n] = en.key
 	}
 
 	// One round trip: what is stored already, the consent the envelopes
 	// need (read for all, used for the new ones only), and sequence
-	// numbers for enqueue order (taken for all, given out in the call's
+	// numbers for enqueue order (taken for all, given out in the group's
 	// order to the new ones).
 	stored := map[envKey]int{}
 	addrs := map[envKey]queue.Suppression{}
@@ -76,7 +238,7 @@ func (s *Store) enqueue(ctx context.Context, tx pgx.Tx, prep []queue.Prepared) (
 	cc := s.newConsents()
 	parts := []batchPart{s.segmentsPart(keys, stored), s.addressPart(targets, addrs), {
 		queue: func(b *pgx.Batch) {
-			b.Queue(s.sql(`SELECT nextval('{s}.envelope_seq') FROM generate_series(1, $1)`), len(prep))
+			b.Queue(s.sql(`SELECT nextval('{s}.envelope_seq') FROM generate_series(1, $1)`), len(all))
 		},
 		read: func(br pgx.BatchResults) error {
 			rows, err := br.Query()
@@ -91,114 +253,130 @@ func (s *Store) enqueue(ctx context.Context, tx pgx.Tx, prep []queue.Prepared) (
 	if p, ok := cc.part(users); ok {
 		parts = append(parts, p)
 	}
-	if err := sendParts(ctx, tx, parts...); err != nil {
-		return nil, false, err
+	if err := sendParts(ctx, s.pool, parts...); err != nil {
+		return err
 	}
 
-	seen := make(map[envKey]int, len(prep))
-	var fresh []int // indexes of the envelopes to store
-	for i := range prep {
-		k := keys[i]
-		if n, ok := stored[k]; ok {
-			res[i].Duplicate, res[i].Segments = true, n
+	// Call by call, in order: an envelope stored already, or earlier in
+	// the call or in an admitted call before it, is a duplicate; the new
+	// ones must pass queue.Admit, or the call fails alone.
+	seen := map[envKey]bool{}
+	var fresh []entry
+	for _, c := range grp {
+		mine := map[envKey]bool{}
+		var add []entry
+		for i, p := range c.prep {
+			k := envKey{p.Env.TenantID, p.Env.ID}
+			if _, ok := stored[k]; ok || seen[k] || mine[k] {
+				c.res[i].Duplicate = true
+				continue
+			}
+			mine[k] = true
+			e := p.Env
+			con, found, err := cc.get(ctx, s.pool, e.TenantID, e.UserID)
+			if err != nil {
+				c.err = &queue.EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
+				break
+			}
+			var addr *queue.Suppression
+			if a, ok := addrs[envKey{e.TenantID, queue.AddressTarget(e)}]; ok {
+				addr = &a
+			}
+			if err := queue.Admit(i, e, con, found, addr, now); err != nil {
+				c.err = err
+				break
+			}
+			add = append(add, entry{c, i, k})
+		}
+		if c.err != nil {
+			c.res = nil
 			continue
 		}
-		if j, ok := seen[k]; ok {
-			res[i].Duplicate, res[i].Segments = true, prep[j].Segments
-			continue
+		for k := range mine {
+			seen[k] = true
 		}
-		seen[k] = i
-		fresh = append(fresh, i)
-	}
-	if len(fresh) == 0 {
-		return res, false, nil
-	}
-	for _, i := range fresh {
-		e := prep[i].Env
-		c, found, err := cc.get(ctx, tx, e.TenantID, e.UserID)
-		if err != nil {
-			return nil, false, &queue.EnqueueError{Index: i, Tenant: e.TenantID, ID: e.ID, Err: err}
-		}
-		var addr *queue.Suppression
-		if a, ok := addrs[envKey{e.TenantID, queue.AddressTarget(e)}]; ok {
-			addr = &a
-		}
-		if err := queue.Admit(i, e, c, found, addr, now); err != nil {
-			return nil, false, err
-		}
+		fresh = append(fresh, add...)
 	}
 
 	// The envelopes and their rows in one statement: the rows of an
 	// envelope that a concurrent call stored first are not inserted.
-	var (
-		ts, ids, us, chs, tpls, addrT []string
-		segs                          []int32
-		sq                            []int64
-		bodies                        [][]byte
-		b                             rowBatch
-	)
-	for n, i := range fresh {
-		e := prep[i].Env
-		ts, ids, us = append(ts, e.TenantID), append(ids, e.ID), append(us, e.UserID)
-		chs, tpls, addrT = append(chs, string(e.Channel)), append(tpls, string(e.Template)), append(addrT, queue.AddressTarget(e))
-		segs, sq, bodies = append(segs, int32(prep[i].Segments)), append(sq, seqs[n]), append(bodies, prep[i].Line)
-		for seg, d := range queue.NewRows(e, prep[i].Segments, now) {
-			if err := b.add(keys[i], seg, seqs[n], e.Channel, &d, nil); err != nil {
-				return nil, false, err
+	inserted := map[envKey]bool{}
+	if len(fresh) > 0 {
+		var (
+			ts, ids, us, chs, tpls, addrT []string
+			segs                          []int32
+			sq                            []int64
+			bodies                        [][]byte
+			b                             rowBatch
+		)
+		for n, en := range fresh {
+			p := en.call.prep[en.i]
+			e := p.Env
+			ts, ids, us = append(ts, e.TenantID), append(ids, e.ID), append(us, e.UserID)
+			chs, tpls, addrT = append(chs, string(e.Channel)), append(tpls, string(e.Template)), append(addrT, queue.AddressTarget(e))
+			segs, sq, bodies = append(segs, int32(p.Segments)), append(sq, seqs[n]), append(bodies, p.Line)
+			for seg, d := range queue.NewRows(e, p.Segments, now) {
+				if err := b.add(en.key, seg, seqs[n], e.Channel, &d, nil); err != nil {
+					return err
+				}
 			}
 		}
-	}
-	args := append(b.args(), ts, ids, sq, us, chs, tpls, addrT, segs, now.UnixNano(), bodies)
-	rows, err := tx.Query(ctx, s.sql(`WITH ins AS (
-			INSERT INTO {s}.envelopes (tenant, id, seq, user_id, channel, template, addr_target, segments, enqueued_ns, body)
-			SELECT t, i, sq, u, ch, tp, ad, sg, $30, b
-			FROM unnest($22::text[], $23::text[], $24::bigint[], $25::text[], $26::text[], $27::text[], $28::text[], $29::int[], $31::bytea[])
-				AS x(t, i, sq, u, ch, tp, ad, sg, b)
-			ON CONFLICT (tenant, id) DO NOTHING
-			RETURNING tenant, id
-		), rows AS (
-			INSERT INTO {s}.deliveries (`+rowColumns+`)
-			SELECT u.t, u.i, sg, sq, ch, st, at, bu, cl, rc, du, ow, fe, le, fr, tp, up, hi::jsonb, ln, wk, te
-			FROM `+unnestRows+`) AS u(t, i, sg, sq, ch, st, at, bu, cl, rc, du, ow, fe, le, fr, tp, up, hi, ln, wk, te)
-			JOIN ins ON ins.tenant = u.t AND ins.id = u.i
-		)
-		SELECT tenant, id FROM ins`), args...)
-	if err != nil {
-		return nil, false, err
-	}
-	inserted := map[envKey]bool{}
-	for rows.Next() {
-		var k envKey
-		if err := rows.Scan(&k.tenant, &k.id); err != nil {
-			rows.Close()
-			return nil, false, err
+		args := append(b.args(), ts, ids, sq, us, chs, tpls, addrT, segs, now.UnixNano(), bodies)
+		rows, err := s.pool.Query(ctx, s.sql(`WITH ins AS (
+				INSERT INTO {s}.envelopes (tenant, id, seq, user_id, channel, template, addr_target, segments, enqueued_ns, body)
+				SELECT t, i, sq, u, ch, tp, ad, sg, $30, b
+				FROM unnest($22::text[], $23::text[], $24::bigint[], $25::text[], $26::text[], $27::text[], $28::text[], $29::int[], $31::bytea[])
+					AS x(t, i, sq, u, ch, tp, ad, sg, b)
+				ON CONFLICT (tenant, id) DO NOTHING
+				RETURNING tenant, id
+			), rows AS (
+				INSERT INTO {s}.deliveries (`+rowColumns+`)
+				SELECT u.t, u.i, sg, sq, ch, st, at, bu, cl, rc, du, ow, fe, le, fr, tp, up, hi::jsonb, ln, wk, te
+				FROM `+unnestRows+`) AS u(t, i, sg, sq, ch, st, at, bu, cl, rc, du, ow, fe, le, fr, tp, up, hi, ln, wk, te)
+				JOIN ins ON ins.tenant = u.t AND ins.id = u.i
+			)
+			SELECT tenant, id FROM ins`), args...)
+		if err != nil {
+			return err
 		}
-		inserted[k] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, false, err
+		for rows.Next() {
+			var k envKey
+			if err := rows.Scan(&k.tenant, &k.id); err != nil {
+				rows.Close()
+				return err
+			}
+			inserted[k] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
 	}
 
-	// A concurrent call stored some first: they are duplicates.
+	// The segment counts of the duplicates: stored already, stored by
+	// this group, or by a concurrent call that committed first.
+	segments := stored
 	var lost []envKey
-	for _, i := range fresh {
-		if !inserted[keys[i]] {
-			lost = append(lost, keys[i])
+	for _, en := range fresh {
+		if inserted[en.key] {
+			segments[en.key] = en.call.prep[en.i].Segments
+			en.call.created = true
+		} else {
+			en.call.res[en.i].Duplicate = true
+			lost = append(lost, en.key)
 		}
 	}
 	if len(lost) > 0 {
-		won := map[envKey]int{}
-		if err := sendParts(ctx, tx, s.segmentsPart(lost, won)); err != nil {
-			return nil, false, err
-		}
-		for _, i := range fresh {
-			if n, ok := won[keys[i]]; ok && !inserted[keys[i]] {
-				res[i].Duplicate, res[i].Segments = true, n
-			}
+		if err := sendParts(ctx, s.pool, s.segmentsPart(lost, segments)); err != nil {
+			return err
 		}
 	}
-	return res, len(inserted) > 0, nil
+	for _, en := range all {
+		if r := en.call.res; r != nil && r[en.i].Duplicate {
+			r[en.i].Segments = segments[en.key]
+		}
+	}
+	return nil
 }
 
 // segmentsPart reads into out the segment counts of the stored envelopes

@@ -297,8 +297,14 @@ type batchPart struct {
 	read  func(pgx.BatchResults) error
 }
 
+// batcher sends batches: a transaction, or the pool (each batch then runs
+// as one implicit transaction).
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
 // sendParts sends parts in one round trip and reads them in order.
-func sendParts(ctx context.Context, tx pgx.Tx, parts ...batchPart) error {
+func sendParts(ctx context.Context, tx batcher, parts ...batchPart) error {
 	var b pgx.Batch
 	for _, p := range parts {
 		p.queue(&b)

@@ -73,6 +73,7 @@ type Store struct {
 
 	notify chan struct{} // Notify's channel
 	hint   chan struct{} // to the notifier: send a NOTIFY
+	enq    enqueuer      // groups concurrent Enqueue calls
 
 	closed    atomic.Bool
 	closeOnce sync.Once

@@ -1,0 +1,8 @@
+package pgstore
+
+// SetEnqueueHooks sets the enqueue group's test hooks: wait is called when
+// a call starts waiting for the next group, group with the calls of each
+// group that runs. Set them before the store is used.
+func SetEnqueueHooks(s *Store, wait func(), group func(calls int)) {
+	s.enq.onWait, s.enq.onGroup = wait, group
+}
