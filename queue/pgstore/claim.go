@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,13 +47,15 @@ type candidate struct {
 // transaction holds. What the rows looked like in this query's snapshot
 // proves nothing (a transaction that held the lock may have changed them):
 // the caller reads them again and lets the state machine decide.
-func (s *Store) lockCandidates(ctx context.Context, tx pgx.Tx, lane int16, now time.Time, req *queue.ClaimRequest, extra string, limit int) ([]candidate, error) {
+func (s *Store) lockCandidates(ctx context.Context, tx batcher, lane int16, now time.Time, req *queue.ClaimRequest, extra string, limit int) ([]candidate, error) {
+	// The lane is in the text: a generic plan must see that the partial
+	// index (lane > 0) applies.
 	q := `SELECT d.tenant, d.env_id, d.seg, e.user_id FROM {s}.deliveries d JOIN {s}.envelopes e ON e.tenant = d.tenant AND e.id = d.env_id
-		WHERE d.lane = $1 AND d.wake_ns <= $2 AND ($3 = '' OR d.tenant = $3) AND (cardinality($4::text[]) = 0 OR d.channel = ANY($4))` + extra + `
+		WHERE d.lane = ` + strconv.Itoa(int(lane)) + ` AND d.wake_ns <= $1 AND ($2 = '' OR d.tenant = $2) AND (cardinality($3::text[]) = 0 OR d.channel = ANY($3))` + extra + `
 		ORDER BY d.wake_ns, d.env_seq, d.seg`
-	args := []any{lane, now.UnixNano(), req.Tenant, channelsOf(req)}
+	args := []any{now.UnixNano(), req.Tenant, channelsOf(req)}
 	if limit > 0 {
-		q += ` LIMIT $5`
+		q += ` LIMIT $4`
 		args = append(args, limit)
 	}
 	// The due rows must come from the index in its order, whatever the
@@ -96,12 +99,12 @@ func (s *Store) lockCandidates(ctx context.Context, tx pgx.Tx, lane int16, now t
 type fences struct {
 	s   *Store
 	ctx context.Context
-	tx  pgx.Tx
+	tx  batcher
 	buf []uint64
 	err error
 }
 
-func (s *Store) fencer(ctx context.Context, tx pgx.Tx) *fences {
+func (s *Store) fencer(ctx context.Context, tx batcher) *fences {
 	return &fences{s: s, ctx: ctx, tx: tx}
 }
 
@@ -180,17 +183,20 @@ func (s *Store) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 		return nil, err
 	}
 	var leases []*queue.Lease
-	err = s.inTx(ctx, "claim", func(tx pgx.Tx) error {
-		leases = leases[:0]
+	err = s.inPipe(ctx, "claim", func(tx *pipe) error {
 		now := s.now()
 		fs := s.fencer(ctx, tx)
 		cc := s.newConsents()
 		seen := map[candidate]bool{}
 		for len(leases) < req.Limit {
-			cands, err := s.lockCandidates(ctx, tx, laneDue, now, &req, "", req.Limit-len(leases))
+			ask := req.Limit - len(leases)
+			cands, err := s.lockCandidates(ctx, tx, laneDue, now, &req, "", ask)
 			if err != nil {
 				return err
 			}
+			// Fewer than asked: no other row is due unless one became so
+			// since, and this pass is the last.
+			last := len(cands) < ask
 			cands = slices.DeleteFunc(cands, func(c candidate) bool { return seen[c] })
 			if len(cands) == 0 {
 				break
@@ -234,6 +240,9 @@ func (s *Store) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 					return err
 				}
 			}
+			if last || len(leases)+len(r.took) == req.Limit {
+				return s.finish(ctx, tx, &r, &leases)
+			}
 			if leases, err = s.write(ctx, tx, &r, leases); err != nil {
 				return err
 			}
@@ -275,10 +284,29 @@ func (r *round) add(l *loaded, seg int, st *queue.Step, leased bool, fenceErr er
 }
 
 // write persists a round and appends its leases to leases.
-func (s *Store) write(ctx context.Context, tx pgx.Tx, r *round, leases []*queue.Lease) ([]*queue.Lease, error) {
+func (s *Store) write(ctx context.Context, tx batcher, r *round, leases []*queue.Lease) ([]*queue.Lease, error) {
 	if err := s.updateRows(ctx, tx, &r.b); err != nil {
 		return nil, err
 	}
+	return s.leasesOf(r, leases)
+}
+
+// finish persists a round and commits in one round trip, and appends its
+// leases to *leases.
+func (s *Store) finish(ctx context.Context, tx *pipe, r *round, leases *[]*queue.Lease) error {
+	var parts []batchPart
+	if r.b.len() > 0 {
+		parts = append(parts, s.updatePart(&r.b))
+	}
+	if err := tx.commitWith(ctx, parts...); err != nil {
+		return err
+	}
+	ls, err := s.leasesOf(r, *leases)
+	*leases = ls
+	return err
+}
+
+func (s *Store) leasesOf(r *round, leases []*queue.Lease) ([]*queue.Lease, error) {
 	for _, t := range r.took {
 		ls, err := s.lease(t.l, t.seg, &t.l.rows[t.seg])
 		if err != nil {
@@ -334,14 +362,14 @@ func (s *Store) withLease(ctx context.Context, op string, lease *queue.Lease, st
 // its effects, and signals Notify when the step says so; missing is the
 // error for an envelope that is not there.
 func (s *Store) change(ctx context.Context, op string, k envKey, missing error, step func([]queue.Delivery, time.Time) (*queue.Step, error)) error {
-	return s.changeLoaded(ctx, op, k, missing, func(_ pgx.Tx, l *loaded, now time.Time) (*queue.Step, error) { return step(l.rows, now) })
+	return s.changeLoaded(ctx, op, k, missing, func(_ dbtx, l *loaded, now time.Time) (*queue.Step, error) { return step(l.rows, now) })
 }
 
 // changeLoaded is change for a step that needs the envelope (l) and the
 // transaction.
-func (s *Store) changeLoaded(ctx context.Context, op string, k envKey, missing error, step func(pgx.Tx, *loaded, time.Time) (*queue.Step, error)) error {
+func (s *Store) changeLoaded(ctx context.Context, op string, k envKey, missing error, step func(dbtx, *loaded, time.Time) (*queue.Step, error)) error {
 	wake := false
-	err := s.inTx(ctx, op, func(tx pgx.Tx) error {
+	err := s.inPipe(ctx, op, func(tx *pipe) error {
 		l, err := s.lockOne(ctx, tx, k)
 		if err != nil {
 			return err
@@ -358,24 +386,29 @@ func (s *Store) changeLoaded(ctx context.Context, op string, k envKey, missing e
 		if err := addStep(&b, l, st); err != nil {
 			return err
 		}
+		wake = st.Wake
+		if st.Suppress == "" {
+			var parts []batchPart
+			if b.len() > 0 {
+				parts = append(parts, s.updatePart(&b))
+			}
+			return tx.commitWith(ctx, parts...)
+		}
 		if err := s.updateRows(ctx, tx, &b); err != nil {
 			return err
 		}
-		if st.Suppress != "" {
-			e, err := l.envelope()
-			if err != nil {
+		e, err := l.envelope()
+		if err != nil {
+			return err
+		}
+		if err := s.suppress(ctx, tx, userKey{k.tenant, l.userID}, queue.SuppressionFor(e, st.Suppress, now), now); err != nil {
+			return err
+		}
+		if a, ok := st.AddressSuppression(e, now); ok {
+			if err := s.suppressAddress(ctx, tx, k.tenant, a); err != nil {
 				return err
-			}
-			if err := s.suppress(ctx, tx, userKey{k.tenant, l.userID}, queue.SuppressionFor(e, st.Suppress, now), now); err != nil {
-				return err
-			}
-			if a, ok := st.AddressSuppression(e, now); ok {
-				if err := s.suppressAddress(ctx, tx, k.tenant, a); err != nil {
-					return err
-				}
 			}
 		}
-		wake = st.Wake
 		return nil
 	})
 	if err != nil {
@@ -410,11 +443,13 @@ func (s *Store) recover(ctx context.Context, req queue.ClaimRequest, passes int)
 	if err != nil {
 		return nil, 0, err
 	}
+	now := s.now()
+	if due, err := s.leaseEnded(ctx, now, &req); err != nil || !due {
+		return nil, 0, err
+	}
 	var leases []*queue.Lease
 	wake, expired := false, 0
-	err = s.inTx(ctx, "recover", func(tx pgx.Tx) error {
-		leases, wake, expired = leases[:0], false, 0
-		now := s.now()
+	err = s.inPipe(ctx, "recover", func(tx *pipe) error {
 		fs := s.fencer(ctx, tx)
 		seen := map[candidate]bool{}
 		// The seam's leases first, all of them; then up to the limit.
@@ -488,6 +523,24 @@ func (s *Store) recover(ctx context.Context, req queue.ClaimRequest, passes int)
 	return leases, expired, nil
 }
 
+// leaseEnded reports whether a row's lease has ended by now (one query,
+// outside a transaction: most recoveries find none).
+func (s *Store) leaseEnded(ctx context.Context, now time.Time, req *queue.ClaimRequest) (bool, error) {
+	if err := s.check(ctx); err != nil {
+		return false, err
+	}
+	var due bool
+	err := s.readParts(ctx, batchPart{
+		queue: func(b *pgx.Batch) {
+			b.Queue(s.sql(`SELECT EXISTS (SELECT 1 FROM {s}.deliveries d
+				WHERE d.lane = `+strconv.Itoa(laneLeased)+` AND d.wake_ns <= $1 AND ($2 = '' OR d.tenant = $2)
+				AND (cardinality($3::text[]) = 0 OR d.channel = ANY($3)))`), now.UnixNano(), req.Tenant, channelsOf(req))
+		},
+		read: func(br pgx.BatchResults) error { return br.QueryRow().Scan(&due) },
+	})
+	return due, safeErr("recover", err)
+}
+
 // NextDue returns the earliest due time of a row f admits waiting to be
 // claimed, or lease end of such a sending row; the zero time when there is
 // none.
@@ -496,10 +549,15 @@ func (s *Store) NextDue(ctx context.Context, f queue.DueFilter) (time.Time, erro
 		return time.Time{}, err
 	}
 	var n *int64
-	err := s.pool.QueryRow(ctx, s.sql(`SELECT least(
-		(SELECT min(wake_ns) FROM {s}.deliveries WHERE lane = 1 AND ($1 = '' OR tenant = $1) AND (cardinality($2::text[]) = 0 OR channel = ANY($2))),
-		(SELECT min(wake_ns) FROM {s}.deliveries WHERE lane = 2 AND ($1 = '' OR tenant = $1) AND (cardinality($2::text[]) = 0 OR channel = ANY($2))))`),
-		f.Tenant, channelsOf(&queue.ClaimRequest{Channels: f.Channels})).Scan(&n)
+	err := s.readParts(ctx, batchPart{
+		queue: func(b *pgx.Batch) {
+			b.Queue(s.sql(`SELECT least(
+				(SELECT min(wake_ns) FROM {s}.deliveries WHERE lane = 1 AND ($1 = '' OR tenant = $1) AND (cardinality($2::text[]) = 0 OR channel = ANY($2))),
+				(SELECT min(wake_ns) FROM {s}.deliveries WHERE lane = 2 AND ($1 = '' OR tenant = $1) AND (cardinality($2::text[]) = 0 OR channel = ANY($2))))`),
+				f.Tenant, channelsOf(&queue.ClaimRequest{Channels: f.Channels}))
+		},
+		read: func(br pgx.BatchResults) error { return br.QueryRow().Scan(&n) },
+	})
 	if err != nil {
 		return time.Time{}, safeErr("next due", err)
 	}

@@ -138,7 +138,7 @@ func (s *Store) readConsent(ctx context.Context, tx querier, k userKey, lock boo
 
 // changeConsent locks a user's consent record (creating an empty one),
 // lets change modify it and writes it back with its history entry.
-func (s *Store) changeConsent(ctx context.Context, tx pgx.Tx, k userKey, now time.Time, change func(*queue.Consent) bool) error {
+func (s *Store) changeConsent(ctx context.Context, tx dbtx, k userKey, now time.Time, change func(*queue.Consent) bool) error {
 	if _, err := tx.Exec(ctx, s.sql(`INSERT INTO {s}.consents (tenant, user_id, digest_enabled, push_enabled, email_verified, cadence, suppressions, updated_ns)
 		VALUES ($1, $2, false, false, false, '', '[]', $3) ON CONFLICT DO NOTHING`), k.tenant, k.user, now.UnixNano()); err != nil {
 		return err
@@ -153,7 +153,7 @@ func (s *Store) changeConsent(ctx context.Context, tx pgx.Tx, k userKey, now tim
 	return s.writeConsent(ctx, tx, k, &c)
 }
 
-func (s *Store) writeConsent(ctx context.Context, tx pgx.Tx, k userKey, c *queue.Consent) error {
+func (s *Store) writeConsent(ctx context.Context, tx dbtx, k userKey, c *queue.Consent) error {
 	sups := c.Suppressions
 	if sups == nil {
 		sups = []queue.Suppression{}
@@ -184,7 +184,7 @@ func (s *Store) writeConsent(ctx context.Context, tx pgx.Tx, k userKey, c *queue
 }
 
 // suppress adds sup to a user's consent record (queue.Consent.Add).
-func (s *Store) suppress(ctx context.Context, tx pgx.Tx, k userKey, sup queue.Suppression, now time.Time) error {
+func (s *Store) suppress(ctx context.Context, tx dbtx, k userKey, sup queue.Suppression, now time.Time) error {
 	return s.changeConsent(ctx, tx, k, now, func(c *queue.Consent) bool {
 		c.UpdatedAt = now
 		c.Add(sup)
@@ -194,7 +194,7 @@ func (s *Store) suppress(ctx context.Context, tx pgx.Tx, k userKey, sup queue.Su
 
 // suppressAddress stores the tenant's suppression of an address unless
 // one is stored already (the first one stays).
-func (s *Store) suppressAddress(ctx context.Context, tx pgx.Tx, tenant string, a queue.Suppression) error {
+func (s *Store) suppressAddress(ctx context.Context, tx dbtx, tenant string, a queue.Suppression) error {
 	_, err := tx.Exec(ctx, s.sql(`INSERT INTO {s}.address_suppressions (tenant, target, channel, reason, at_ns)
 		VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`), tenant, a.Target, string(a.Channel), string(a.Reason), a.At.UnixNano())
 	return err

@@ -253,7 +253,7 @@ func (s *Store) enqueue(ctx context.Context, grp []*enqCall) error {
 	if p, ok := cc.part(users); ok {
 		parts = append(parts, p)
 	}
-	if err := sendParts(ctx, s.pool, parts...); err != nil {
+	if err := s.readParts(ctx, parts...); err != nil {
 		return err
 	}
 
@@ -367,7 +367,7 @@ func (s *Store) enqueue(ctx context.Context, grp []*enqCall) error {
 		}
 	}
 	if len(lost) > 0 {
-		if err := sendParts(ctx, s.pool, s.segmentsPart(lost, segments)); err != nil {
+		if err := s.readParts(ctx, s.segmentsPart(lost, segments)); err != nil {
 			return err
 		}
 	}

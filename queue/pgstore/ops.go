@@ -15,7 +15,7 @@ import (
 // its segments and their history. See queue.Store.
 func (s *Store) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStatus, error) {
 	var st *queue.EnvelopeStatus
-	err := s.inTx(ctx, "get", func(tx pgx.Tx) error {
+	err := s.inPipe(ctx, "get", func(tx *pipe) error {
 		m, err := s.loadMany(ctx, tx, []envKey{{tenantOr(tenant), id}})
 		if err != nil {
 			return err
@@ -141,7 +141,7 @@ func (s *Store) Counts(ctx context.Context, tenant string) (queue.Counts, error)
 // Requeue returns the envelope's dead_letter, unresolved, expired and
 // suppressed segments to pending (queue.Requeue). See queue.Store.
 func (s *Store) Requeue(ctx context.Context, tenant, id string) error {
-	return s.changeLoaded(ctx, "requeue", envKey{tenantOr(tenant), id}, queue.ErrNotFound, func(tx pgx.Tx, l *loaded, now time.Time) (*queue.Step, error) {
+	return s.changeLoaded(ctx, "requeue", envKey{tenantOr(tenant), id}, queue.ErrNotFound, func(tx dbtx, l *loaded, now time.Time) (*queue.Step, error) {
 		e, err := l.envelope()
 		if err != nil {
 			return nil, err

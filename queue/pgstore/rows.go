@@ -187,25 +187,46 @@ var errChanged = errors.New("pgstore: a row changed under its envelope's lock")
 
 // updateRows writes changed rows, each only if it still has the state and
 // fence it was read with.
-func (s *Store) updateRows(ctx context.Context, tx pgx.Tx, b *rowBatch) error {
+func (s *Store) updateRows(ctx context.Context, tx batcher, b *rowBatch) error {
 	if b.len() == 0 {
 		return nil
 	}
-	args := append(b.args(), b.oldState, b.oldFence)
-	tag, err := tx.Exec(ctx, s.sql(`UPDATE {s}.deliveries d SET
-		state = u.st, attempts = u.at, budget = u.bu, class = u.cl, receipt = u.rc, due_ns = u.du, owner = u.ow,
-		fence = u.fe, lease_end_ns = u.le, from_state = u.fr, to_pending = u.tp, updated_ns = u.up,
-		history = u.hi::jsonb, lane = u.ln, wake_ns = u.wk, terminal = u.te
-		FROM `+unnestRows+`, $22::text[], $23::bigint[])
-			AS u(t, i, sg, sq, ch, st, at, bu, cl, rc, du, ow, fe, le, fr, tp, up, hi, ln, wk, te, os, of)
-		WHERE d.tenant = u.t AND d.env_id = u.i AND d.seg = u.sg AND d.state = u.os AND d.fence = u.of`), args...)
-	if err != nil {
-		return err
+	return sendParts(ctx, tx, s.updatePart(b))
+}
+
+// updatePart is updateRows as part of a batch (b not empty). All or
+// nothing: when a row no longer has the state and fence it was read with,
+// no row is written, so that a COMMIT in the same round trip commits
+// none of them.
+func (s *Store) updatePart(b *rowBatch) batchPart {
+	args := append(b.args(), b.oldState, b.oldFence, b.len())
+	return batchPart{
+		queue: func(q *pgx.Batch) {
+			q.Queue(s.sql(`WITH u AS (
+					SELECT * FROM `+unnestRows+`, $22::text[], $23::bigint[])
+						AS u(t, i, sg, sq, ch, st, at, bu, cl, rc, du, ow, fe, le, fr, tp, up, hi, ln, wk, te, os, of)
+				), ok AS (
+					SELECT count(*) = $24 AS ok FROM {s}.deliveries d JOIN u
+						ON d.tenant = u.t AND d.env_id = u.i AND d.seg = u.sg AND d.state = u.os AND d.fence = u.of
+				)
+				UPDATE {s}.deliveries d SET
+				state = u.st, attempts = u.at, budget = u.bu, class = u.cl, receipt = u.rc, due_ns = u.du, owner = u.ow,
+				fence = u.fe, lease_end_ns = u.le, from_state = u.fr, to_pending = u.tp, updated_ns = u.up,
+				history = u.hi::jsonb, lane = u.ln, wake_ns = u.wk, terminal = u.te
+				FROM u, ok
+				WHERE ok.ok AND d.tenant = u.t AND d.env_id = u.i AND d.seg = u.sg AND d.state = u.os AND d.fence = u.of`), args...)
+		},
+		read: func(br pgx.BatchResults) error {
+			tag, err := br.Exec()
+			if err != nil {
+				return err
+			}
+			if int(tag.RowsAffected()) != b.len() {
+				return errChanged
+			}
+			return nil
+		},
 	}
-	if int(tag.RowsAffected()) != b.len() {
-		return errChanged
-	}
-	return nil
 }
 
 // addStep adds the rows a step changed to b.
@@ -244,7 +265,7 @@ func scanEnv(r pgx.Row) (*loaded, error) {
 
 // lockOne locks one envelope and reads it and its rows (after the lock);
 // nil when there is none.
-func (s *Store) lockOne(ctx context.Context, tx pgx.Tx, k envKey) (*loaded, error) {
+func (s *Store) lockOne(ctx context.Context, tx batcher, k envKey) (*loaded, error) {
 	var b pgx.Batch
 	b.Queue(s.sql(`SELECT 1 FROM {s}.envelopes WHERE tenant = $1 AND id = $2 FOR UPDATE`), k.tenant, k.id)
 	b.Queue(s.sql(`SELECT `+envCols+` FROM `+envFrom+` WHERE e.tenant = $1 AND e.id = $2`), k.tenant, k.id)
@@ -321,7 +342,7 @@ func sendParts(ctx context.Context, tx batcher, parts ...batchPart) error {
 
 // loadMany reads envelopes and their rows (the caller locked them), and
 // the parts in the same round trip.
-func (s *Store) loadMany(ctx context.Context, tx pgx.Tx, keys []envKey, parts ...batchPart) (map[envKey]*loaded, error) {
+func (s *Store) loadMany(ctx context.Context, tx batcher, keys []envKey, parts ...batchPart) (map[envKey]*loaded, error) {
 	ts, ids := make([]string, len(keys)), make([]string, len(keys))
 	for i, k := range keys {
 		ts[i], ids[i] = k.tenant, k.id
