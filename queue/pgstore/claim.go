@@ -47,7 +47,7 @@ type candidate struct {
 // transaction holds. What the rows looked like in this query's snapshot
 // proves nothing (a transaction that held the lock may have changed them):
 // the caller reads them again and lets the state machine decide.
-func (s *Store) lockCandidates(ctx context.Context, tx batcher, lane int16, now time.Time, req *queue.ClaimRequest, extra string, limit int) ([]candidate, error) {
+func (s *Store) lockCandidates(ctx context.Context, tx dbtx, lane int16, now time.Time, req *queue.ClaimRequest, extra string, limit int) ([]candidate, error) {
 	// The lane is in the text: a generic plan must see that the partial
 	// index (lane > 0) applies.
 	q := `SELECT d.tenant, d.env_id, d.seg, e.user_id FROM {s}.deliveries d JOIN {s}.envelopes e ON e.tenant = d.tenant AND e.id = d.env_id
@@ -58,41 +58,17 @@ func (s *Store) lockCandidates(ctx context.Context, tx batcher, lane int16, now 
 		q += ` LIMIT $4`
 		args = append(args, limit)
 	}
-	// The due rows must come from the index in its order, whatever the
-	// planner's statistics say: with too low an estimate (a table that
-	// grew since its last ANALYZE) it sorts every due row instead, per
-	// claim. The settings hold for this query only (same round trip).
-	var b pgx.Batch
-	b.Queue(`SET LOCAL enable_sort = off`)
-	b.Queue(`SET LOCAL enable_bitmapscan = off`)
-	b.Queue(s.sql(q+` FOR UPDATE OF e SKIP LOCKED`), args...)
-	b.Queue(`SET LOCAL enable_sort TO DEFAULT`)
-	b.Queue(`SET LOCAL enable_bitmapscan TO DEFAULT`)
-	br := tx.SendBatch(ctx, &b)
-	defer br.Close()
-	for range 2 {
-		if _, err := br.Exec(); err != nil {
-			return nil, err
-		}
-	}
-	rows, err := br.Query()
+	// The due rows come from the index in its order: the claim's pipe
+	// allows no sort (claimSettings).
+	rows, err := tx.Query(ctx, s.sql(q+` FOR UPDATE OF e SKIP LOCKED`), args...)
 	if err != nil {
 		return nil, err
 	}
-	cs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (candidate, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (candidate, error) {
 		var c candidate
 		err := r.Scan(&c.key.tenant, &c.key.id, &c.seg, &c.user)
 		return c, err
 	})
-	if err != nil {
-		return nil, err
-	}
-	for range 2 {
-		if _, err := br.Exec(); err != nil {
-			return nil, err
-		}
-	}
-	return cs, br.Close()
 }
 
 // fences hands out fences from the sequence, fetched ahead.
@@ -183,7 +159,7 @@ func (s *Store) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 		return nil, err
 	}
 	var leases []*queue.Lease
-	err = s.inPipe(ctx, "claim", func(tx *pipe) error {
+	err = s.inPipe(ctx, "claim", claimSettings, func(tx *pipe) error {
 		now := s.now()
 		fs := s.fencer(ctx, tx)
 		cc := s.newConsents()
@@ -369,7 +345,7 @@ func (s *Store) change(ctx context.Context, op string, k envKey, missing error, 
 // transaction.
 func (s *Store) changeLoaded(ctx context.Context, op string, k envKey, missing error, step func(dbtx, *loaded, time.Time) (*queue.Step, error)) error {
 	wake := false
-	err := s.inPipe(ctx, op, func(tx *pipe) error {
+	err := s.inPipe(ctx, op, pipeSettings, func(tx *pipe) error {
 		l, err := s.lockOne(ctx, tx, k)
 		if err != nil {
 			return err
@@ -449,7 +425,7 @@ func (s *Store) recover(ctx context.Context, req queue.ClaimRequest, passes int)
 	}
 	var leases []*queue.Lease
 	wake, expired := false, 0
-	err = s.inPipe(ctx, "recover", func(tx *pipe) error {
+	err = s.inPipe(ctx, "recover", claimSettings, func(tx *pipe) error {
 		fs := s.fencer(ctx, tx)
 		seen := map[candidate]bool{}
 		// The seam's leases first, all of them; then up to the limit.

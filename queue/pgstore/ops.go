@@ -15,7 +15,7 @@ import (
 // its segments and their history. See queue.Store.
 func (s *Store) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStatus, error) {
 	var st *queue.EnvelopeStatus
-	err := s.inPipe(ctx, "get", func(tx *pipe) error {
+	err := s.inPipe(ctx, "get", pipeSettings, func(tx *pipe) error {
 		m, err := s.loadMany(ctx, tx, []envKey{{tenantOr(tenant), id}})
 		if err != nil {
 			return err

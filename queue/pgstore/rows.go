@@ -267,14 +267,11 @@ func scanEnv(r pgx.Row) (*loaded, error) {
 // nil when there is none.
 func (s *Store) lockOne(ctx context.Context, tx batcher, k envKey) (*loaded, error) {
 	var b pgx.Batch
-	b.Queue(s.sql(`SELECT 1 FROM {s}.envelopes WHERE tenant = $1 AND id = $2 FOR UPDATE`), k.tenant, k.id)
-	b.Queue(s.sql(`SELECT `+envCols+` FROM `+envFrom+` WHERE e.tenant = $1 AND e.id = $2`), k.tenant, k.id)
+	// A locked row is read as it is once locked (its newest version).
+	b.Queue(s.sql(`SELECT `+envCols+` FROM `+envFrom+` WHERE e.tenant = $1 AND e.id = $2 FOR UPDATE OF e`), k.tenant, k.id)
 	b.Queue(s.sql(`SELECT `+deliveryCols+` FROM {s}.deliveries WHERE tenant = $1 AND env_id = $2 ORDER BY seg`), k.tenant, k.id)
 	br := tx.SendBatch(ctx, &b)
 	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, err
-	}
 	l, err := scanEnv(br.QueryRow())
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, br.Close()
@@ -305,8 +302,14 @@ func (s *Store) lockOne(ctx context.Context, tx batcher, k envKey) (*loaded, err
 }
 
 func checkRows(l *loaded) error {
-	if len(l.rows) != l.segments {
-		return fmt.Errorf("pgstore: an envelope has %d rows, want %d", len(l.rows), l.segments)
+	n := 0
+	for _, d := range l.rows {
+		if d.State != "" {
+			n++
+		}
+	}
+	if n != l.segments || len(l.rows) != l.segments {
+		return fmt.Errorf("pgstore: an envelope has %d rows, want %d", n, l.segments)
 	}
 	return nil
 }
@@ -350,8 +353,9 @@ func (s *Store) loadMany(ctx context.Context, tx batcher, keys []envKey, parts .
 	var b pgx.Batch
 	b.Queue(s.sql(`SELECT `+envCols+` FROM `+envFrom+`
 		WHERE (e.tenant, e.id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`), ts, ids)
+	// In no order: a claim's pipe allows no sort (each row goes to its place).
 	b.Queue(s.sql(`SELECT tenant, env_id, `+deliveryCols+` FROM {s}.deliveries
-		WHERE (tenant, env_id) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY tenant, env_id, seg`), ts, ids)
+		WHERE (tenant, env_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`), ts, ids)
 	for _, p := range parts {
 		p.queue(&b)
 	}
@@ -368,6 +372,7 @@ func (s *Store) loadMany(ctx context.Context, tx batcher, keys []envKey, parts .
 			rows.Close()
 			return nil, err
 		}
+		l.rows = make([]queue.Delivery, l.segments)
 		out[l.key] = l
 	}
 	rows.Close()
@@ -386,11 +391,11 @@ func (s *Store) loadMany(ctx context.Context, tx batcher, keys []envKey, parts .
 			return nil, err
 		}
 		l := out[k]
-		if l == nil || seg != len(l.rows) {
+		if l == nil || seg < 0 || seg >= l.segments || l.rows[seg].State != "" {
 			rows.Close()
-			return nil, fmt.Errorf("pgstore: a row without its envelope, or out of order")
+			return nil, fmt.Errorf("pgstore: a row without its envelope, or twice")
 		}
-		l.rows = append(l.rows, d)
+		l.rows[seg] = d
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {

@@ -220,26 +220,27 @@ type dbtx interface {
 // it whole for as long as the connection lives (planning a custom plan
 // each time cost more server CPU than running them).
 type pipe struct {
-	conn  *pgxpool.Conn
-	begun bool
-	done  bool // committed or rolled back
+	conn     *pgxpool.Conn
+	settings string // the statement after BEGIN: pipeSettings or claimSettings
+	begun    bool
+	done     bool // committed or rolled back
 }
 
 var _ dbtx = (*pipe)(nil)
 
 // inPipe is inTx on a pipe. fn may end the transaction itself with
 // commitWith; otherwise inPipe commits it.
-func (s *Store) inPipe(ctx context.Context, op string, fn func(*pipe) error) error {
-	return safeErr(op, s.runPipe(ctx, fn))
+func (s *Store) inPipe(ctx context.Context, op, settings string, fn func(*pipe) error) error {
+	return safeErr(op, s.runPipe(ctx, settings, fn))
 }
 
 // readParts runs parts in a pipe of one round trip: BEGIN, the parts,
 // COMMIT.
 func (s *Store) readParts(ctx context.Context, parts ...batchPart) error {
-	return s.runPipe(ctx, func(p *pipe) error { return p.commitWith(ctx, parts...) })
+	return s.runPipe(ctx, pipeSettings, func(p *pipe) error { return p.commitWith(ctx, parts...) })
 }
 
-func (s *Store) runPipe(ctx context.Context, fn func(*pipe) error) error {
+func (s *Store) runPipe(ctx context.Context, settings string, fn func(*pipe) error) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
@@ -248,7 +249,7 @@ func (s *Store) runPipe(ctx context.Context, fn func(*pipe) error) error {
 		return err
 	}
 	defer conn.Release() // a connection left in a transaction is closed, not reused
-	p := &pipe{conn: conn}
+	p := &pipe{conn: conn, settings: settings}
 	if err = fn(p); err == nil && !p.done {
 		err = p.commitWith(ctx)
 	}
@@ -262,6 +263,16 @@ func (s *Store) runPipe(ctx context.Context, fn func(*pipe) error) error {
 const pipeSettings = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 	set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
 	set_config('enable_mergejoin', 'off', true)`
+
+// claimSettings are those of a claim or recovery, whose due rows must
+// come from the index in its order whatever the statistics say (with too
+// low an estimate, on a table that grew since its last ANALYZE, it sorted
+// every due row, per claim): no sort, no bitmap scan. Its other
+// statements need no order.
+const claimSettings = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+	set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
+	set_config('enable_mergejoin', 'off', true), set_config('enable_sort', 'off', true),
+	set_config('enable_bitmapscan', 'off', true)`
 
 // begin starts the transaction on its own, for a statement that is not a
 // batch.
@@ -300,7 +311,7 @@ func (p *pipe) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 		return p.conn.SendBatch(ctx, b)
 	}
 	p.begun = true
-	first := &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: "begin"}, {SQL: pipeSettings}}, b.QueuedQueries...)}
+	first := &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: "begin"}, {SQL: p.settings}}, b.QueuedQueries...)}
 	br := p.conn.SendBatch(ctx, first)
 	for range 2 {
 		if _, err := br.Exec(); err != nil {
