@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -306,14 +307,137 @@ func keysOf(cs []candidate) []envKey {
 var errNilLease = fmt.Errorf("queue: nil lease: %w", queue.ErrLeaseLost)
 
 // Commit applies out to the leased row and its effects in one transaction.
-// See queue.Store.
+// Concurrent commits share it (group commit), each still all or nothing: a
+// commit refused by the state machine fails alone. See queue.Store.
 func (s *Store) Commit(ctx context.Context, lease *queue.Lease, out queue.Outcome) error {
 	if !queue.ValidOutcome(out.State) {
 		return fmt.Errorf("%w: cannot commit %q", queue.ErrInvalidTransition, out.State)
 	}
-	return s.withLease(ctx, "commit", lease, func(rows []queue.Delivery, now time.Time) (*queue.Step, error) {
-		return queue.Commit(s.backoff, rows, lease, out, now)
+	if lease == nil {
+		if err := s.check(ctx); err != nil {
+			return err
+		}
+		return errNilLease
+	}
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	c := &commitCall{ctx: ctx, lease: lease, out: out}
+	if err := s.commits.do(ctx, c); err != nil {
+		return err
+	}
+	if c.wake {
+		s.wake()
+	}
+	return c.err
+}
+
+// commitCall is one Commit call on its way through a group.
+type commitCall struct {
+	ctx   context.Context
+	lease *queue.Lease
+	out   queue.Outcome
+	wake  bool // its step made a row claimable (a group's commit signals Notify here)
+	err   error
+}
+
+func (c *commitCall) key() envKey { return envKey{c.lease.Key.Tenant, c.lease.Key.EnvelopeID} }
+
+func (s *Store) committer() *group[*commitCall] {
+	return &group[*commitCall]{size: func(*commitCall) int { return 1 }, max: maxGroup, run: s.commitGroup}
+}
+
+// commitAlone commits one call in a transaction of its own.
+func (s *Store) commitAlone(c *commitCall) {
+	c.err = s.withLease(c.ctx, "commit", c.lease, func(rows []queue.Delivery, now time.Time) (*queue.Step, error) {
+		return queue.Commit(s.backoff, rows, c.lease, c.out, now)
 	})
+}
+
+// commitGroup commits the calls of grp in one transaction: it locks their
+// envelopes (skipping those another transaction holds), steps the state
+// machine for each and writes every changed row in one statement, with the
+// COMMIT. A call whose envelope it could not lock, or whose envelope is
+// another call's already, goes alone after it; when the server refuses the
+// group's statements, every call goes alone.
+func (s *Store) commitGroup(ctx context.Context, grp []*commitCall) {
+	if len(grp) == 1 {
+		s.commitAlone(grp[0])
+		return
+	}
+	seen := map[envKey]bool{}
+	var here, after []*commitCall
+	for _, c := range grp {
+		if seen[c.key()] {
+			after = append(after, c)
+			continue
+		}
+		seen[c.key()] = true
+		here = append(here, c)
+	}
+	type result struct {
+		err  error
+		wake bool
+	}
+	res := make([]result, len(here))
+	var skipped []*commitCall
+	err := s.inPipe(ctx, "commit", pipeSettings, func(tx *pipe) error {
+		keys := make([]envKey, len(here))
+		for i, c := range here {
+			keys[i] = c.key()
+		}
+		envs, err := s.lockMany(ctx, tx, keys)
+		if err != nil {
+			return err
+		}
+		now := s.now()
+		var b rowBatch
+		for i, c := range here {
+			l := envs[c.key()]
+			if l == nil {
+				skipped = append(skipped, c) // held by another transaction, or gone: alone tells which
+				continue
+			}
+			st, err := queue.Commit(s.backoff, l.rows, c.lease, c.out, now)
+			if err != nil {
+				res[i].err = err
+				continue
+			}
+			if err := addStep(&b, l, st); err != nil {
+				return err
+			}
+			if st.Suppress != "" {
+				if err := s.suppressFor(ctx, tx, l, st, now); err != nil {
+					return err
+				}
+			}
+			res[i].wake = st.Wake
+		}
+		var parts []batchPart
+		if b.len() > 0 {
+			parts = append(parts, s.updatePart(&b))
+		}
+		return tx.commitWith(ctx, parts...)
+	})
+	var pe *pgconn.PgError
+	switch {
+	case err == nil:
+		for i, c := range here {
+			if !slices.Contains(skipped, c) {
+				c.err, c.wake = res[i].err, res[i].wake
+			}
+		}
+		after = append(skipped, after...)
+	case errors.As(err, &pe):
+		after = append(here, after...)
+	default:
+		for _, c := range here {
+			c.err = err
+		}
+	}
+	for _, c := range after {
+		s.commitAlone(c)
+	}
 }
 
 // Release gives back a lease whose provider call never started. See
@@ -373,25 +497,28 @@ func (s *Store) changeLoaded(ctx context.Context, op string, k envKey, missing e
 		if err := s.updateRows(ctx, tx, &b); err != nil {
 			return err
 		}
-		e, err := l.envelope()
-		if err != nil {
-			return err
-		}
-		if err := s.suppress(ctx, tx, userKey{k.tenant, l.userID}, queue.SuppressionFor(e, st.Suppress, now), now); err != nil {
-			return err
-		}
-		if a, ok := st.AddressSuppression(e, now); ok {
-			if err := s.suppressAddress(ctx, tx, k.tenant, a); err != nil {
-				return err
-			}
-		}
-		return nil
+		return s.suppressFor(ctx, tx, l, st, now)
 	})
 	if err != nil {
 		return err
 	}
 	if wake {
 		s.wake()
+	}
+	return nil
+}
+
+// suppressFor writes the suppressions a step asks for (st.Suppress).
+func (s *Store) suppressFor(ctx context.Context, tx dbtx, l *loaded, st *queue.Step, now time.Time) error {
+	e, err := l.envelope()
+	if err != nil {
+		return err
+	}
+	if err := s.suppress(ctx, tx, userKey{l.key.tenant, l.userID}, queue.SuppressionFor(e, st.Suppress, now), now); err != nil {
+		return err
+	}
+	if a, ok := st.AddressSuppression(e, now); ok {
+		return s.suppressAddress(ctx, tx, l.key.tenant, a)
 	}
 	return nil
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"sync"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -30,8 +28,10 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 	if err := s.check(ctx); err != nil {
 		return nil, err
 	}
-	c := &enqCall{ctx: ctx, prep: prep, lead: make(chan []*enqCall, 1), done: make(chan struct{})}
-	s.submit(c)
+	c := &enqCall{ctx: ctx, prep: prep}
+	if err := s.enq.do(ctx, c); err != nil {
+		c.err = err
+	}
 	if c.err != nil {
 		var ee *queue.EnqueueError
 		if !errors.As(c.err, &ee) && !errors.Is(c.err, queue.ErrClosed) && ctx.Err() == nil {
@@ -59,97 +59,24 @@ type enqCall struct {
 	res     []queue.EnqueueResult
 	created bool // it stored at least one envelope
 	err     error
-	lead    chan []*enqCall // a group for this call to run (it leads it)
-	done    chan struct{}   // closed when another call ran this one's group
-}
-
-// enqueuer lets one group of calls run at a time; the calls that arrive
-// meanwhile wait for the next.
-type enqueuer struct {
-	mu      sync.Mutex
-	running bool
-	waiting []*enqCall
-
-	// Test hooks (nil outside tests): a call starts waiting, a group runs.
-	onWait  func()
-	onGroup func(calls int)
 }
 
 // maxGroup bounds the envelopes of one group (a call larger than that goes
 // alone).
 const maxGroup = 1000
 
-// submit runs c in a group and returns when its result is set.
-func (s *Store) submit(c *enqCall) {
-	g := &s.enq
-	g.mu.Lock()
-	if !g.running {
-		g.running = true
-		g.mu.Unlock()
-		s.runGroup([]*enqCall{c})
-		return
+func (s *Store) enqueuer() *group[*enqCall] {
+	return &group[*enqCall]{
+		size: func(c *enqCall) int { return len(c.prep) },
+		max:  maxGroup,
+		run:  s.enqueueGroup,
 	}
-	g.waiting = append(g.waiting, c)
-	g.mu.Unlock()
-	if g.onWait != nil {
-		g.onWait()
-	}
-	cancelled := c.ctx.Done()
-	for {
-		select {
-		case grp := <-c.lead:
-			s.runGroup(grp)
-			return
-		case <-c.done:
-			return
-		case <-cancelled:
-			g.mu.Lock()
-			if i := slices.Index(g.waiting, c); i >= 0 {
-				g.waiting = slices.Delete(g.waiting, i, i+1)
-				g.mu.Unlock()
-				c.err = c.ctx.Err()
-				return
-			}
-			g.mu.Unlock()
-			cancelled = nil // in a group already: its statement ends it
-		}
-	}
-}
-
-// runGroup runs grp (grp[0] is the calling one), then hands the calls
-// waiting by now to the first of them.
-func (s *Store) runGroup(grp []*enqCall) {
-	s.enqueueGroup(grp)
-	for _, c := range grp[1:] {
-		close(c.done)
-	}
-	g := &s.enq
-	g.mu.Lock()
-	if len(g.waiting) == 0 {
-		g.running = false
-		g.mu.Unlock()
-		return
-	}
-	n, size := 0, 0
-	for n < len(g.waiting) && (n == 0 || size+len(g.waiting[n].prep) <= maxGroup) {
-		size += len(g.waiting[n].prep)
-		n++
-	}
-	next := slices.Clone(g.waiting[:n])
-	g.waiting = slices.Delete(g.waiting, 0, n)
-	g.mu.Unlock()
-	next[0].lead <- next
 }
 
 // enqueueGroup stores the calls of grp. When the server refuses the
 // group's statement, each call is tried alone, so that no call fails for
 // another's envelopes.
-func (s *Store) enqueueGroup(grp []*enqCall) {
-	if s.enq.onGroup != nil {
-		s.enq.onGroup(len(grp))
-	}
-	ctx, stop := groupContext(grp)
-	defer stop()
+func (s *Store) enqueueGroup(ctx context.Context, grp []*enqCall) {
 	err := safeErr("enqueue", s.enqueue(ctx, grp))
 	var pe *pgconn.PgError
 	if err != nil && len(grp) > 1 && errors.As(err, &pe) {
@@ -162,31 +89,6 @@ func (s *Store) enqueueGroup(grp []*enqCall) {
 		for _, c := range grp {
 			c.res, c.created, c.err = nil, false, err
 		}
-	}
-}
-
-// groupContext returns a context that ends when every call's context has
-// ended (the one call's own context for a group of one).
-func groupContext(grp []*enqCall) (context.Context, func()) {
-	if len(grp) == 1 {
-		return grp[0].ctx, func() {}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var left atomic.Int64
-	left.Store(int64(len(grp)))
-	stops := make([]func() bool, len(grp))
-	for i, c := range grp {
-		stops[i] = context.AfterFunc(c.ctx, func() {
-			if left.Add(-1) == 0 {
-				cancel()
-			}
-		})
-	}
-	return ctx, func() {
-		for _, st := range stops {
-			st()
-		}
-		cancel()
 	}
 }
 

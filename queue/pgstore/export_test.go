@@ -6,3 +6,8 @@ package pgstore
 func SetEnqueueHooks(s *Store, wait func(), group func(calls int)) {
 	s.enq.onWait, s.enq.onGroup = wait, group
 }
+
+// SetCommitHooks is SetEnqueueHooks for the commit group.
+func SetCommitHooks(s *Store, wait func(), group func(calls int)) {
+	s.commits.onWait, s.commits.onGroup = wait, group
+}

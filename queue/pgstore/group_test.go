@@ -177,7 +177,7 @@ func waitBlocked(t *testing.T, schema string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the first call never waited for the admin's row")
+			t.Fatal("no call waited for the admin's lock")
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -205,7 +205,7 @@ func (s *Store) updatePart(b *rowBatch) batchPart {
 			q.Queue(s.sql(`WITH u AS (
 					SELECT * FROM `+unnestRows+`, $22::text[], $23::bigint[])
 						AS u(t, i, sg, sq, ch, st, at, bu, cl, rc, du, ow, fe, le, fr, tp, up, hi, ln, wk, te, os, of)
-				), ok AS (
+				), ok AS MATERIALIZED ( -- once, not per row
 					SELECT count(*) = $24 AS ok FROM {s}.deliveries d JOIN u
 						ON d.tenant = u.t AND d.env_id = u.i AND d.seg = u.sg AND d.state = u.os AND d.fence = u.of
 				)
@@ -346,13 +346,29 @@ func sendParts(ctx context.Context, tx batcher, parts ...batchPart) error {
 // loadMany reads envelopes and their rows (the caller locked them), and
 // the parts in the same round trip.
 func (s *Store) loadMany(ctx context.Context, tx batcher, keys []envKey, parts ...batchPart) (map[envKey]*loaded, error) {
+	return s.load(ctx, tx, keys, false, parts...)
+}
+
+// lockMany is loadMany that locks the envelopes first, skipping those
+// another transaction holds (they are not in the map).
+func (s *Store) lockMany(ctx context.Context, tx batcher, keys []envKey) (map[envKey]*loaded, error) {
+	return s.load(ctx, tx, keys, true)
+}
+
+func (s *Store) load(ctx context.Context, tx batcher, keys []envKey, lock bool, parts ...batchPart) (map[envKey]*loaded, error) {
 	ts, ids := make([]string, len(keys)), make([]string, len(keys))
 	for i, k := range keys {
 		ts[i], ids[i] = k.tenant, k.id
 	}
+	q := `SELECT ` + envCols + ` FROM ` + envFrom + `
+		WHERE (e.tenant, e.id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
+	if lock {
+		// A locked row is read as it is once locked; the rows, in the
+		// next statement, after the lock.
+		q += ` FOR UPDATE OF e SKIP LOCKED`
+	}
 	var b pgx.Batch
-	b.Queue(s.sql(`SELECT `+envCols+` FROM `+envFrom+`
-		WHERE (e.tenant, e.id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`), ts, ids)
+	b.Queue(s.sql(q), ts, ids)
 	// In no order: a claim's pipe allows no sort (each row goes to its place).
 	b.Queue(s.sql(`SELECT tenant, env_id, `+deliveryCols+` FROM {s}.deliveries
 		WHERE (tenant, env_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`), ts, ids)
@@ -391,6 +407,9 @@ func (s *Store) loadMany(ctx context.Context, tx batcher, keys []envKey, parts .
 			return nil, err
 		}
 		l := out[k]
+		if l == nil && lock {
+			continue // its envelope was skipped
+		}
 		if l == nil || seg < 0 || seg >= l.segments || l.rows[seg].State != "" {
 			rows.Close()
 			return nil, fmt.Errorf("pgstore: a row without its envelope, or twice")

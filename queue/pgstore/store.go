@@ -72,9 +72,10 @@ type Store struct {
 	interval  time.Duration
 	metrics   *storeMetrics
 
-	notify chan struct{} // Notify's channel
-	hint   chan struct{} // to the notifier: send a NOTIFY
-	enq    enqueuer      // groups concurrent Enqueue calls
+	notify  chan struct{}       // Notify's channel
+	hint    chan struct{}       // to the notifier: send a NOTIFY
+	enq     *group[*enqCall]    // groups concurrent Enqueue calls
+	commits *group[*commitCall] // groups concurrent Commit calls
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -167,6 +168,7 @@ func open(ctx context.Context, pool *pgxpool.Pool, own bool, opts *Options) (*St
 		notify:    make(chan struct{}, 1),
 		hint:      make(chan struct{}, 1),
 	}
+	s.enq, s.commits = s.enqueuer(), s.committer()
 	bg, stop := context.WithCancel(context.Background())
 	s.stop = stop
 	s.wg.Add(2)
