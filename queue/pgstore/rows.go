@@ -198,6 +198,12 @@ func (s *Store) updateRows(ctx context.Context, tx batcher, b *rowBatch) error {
 // nothing: when a row no longer has the state and fence it was read with,
 // no row is written, so that a COMMIT in the same round trip commits
 // none of them.
+//
+// Every lookup of deliveries names its envelope's sequence number too, so
+// that each index of the table matches it exactly: a generic plan made
+// while the table was small took whichever index seemed as cheap, and
+// kept it (deliveries_tenant_order on the tenant alone: a scan of every
+// row of the tenant per statement once the table had grown).
 func (s *Store) updatePart(b *rowBatch) batchPart {
 	args := append(b.args(), b.oldState, b.oldFence, b.len())
 	return batchPart{
@@ -207,14 +213,14 @@ func (s *Store) updatePart(b *rowBatch) batchPart {
 						AS u(t, i, sg, sq, ch, st, at, bu, cl, rc, du, ow, fe, le, fr, tp, up, hi, ln, wk, te, os, of)
 				), ok AS MATERIALIZED ( -- once, not per row
 					SELECT count(*) = $24 AS ok FROM {s}.deliveries d JOIN u
-						ON d.tenant = u.t AND d.env_id = u.i AND d.seg = u.sg AND d.state = u.os AND d.fence = u.of
+						ON d.tenant = u.t AND d.env_id = u.i AND d.seg = u.sg AND d.env_seq = u.sq AND d.state = u.os AND d.fence = u.of
 				)
 				UPDATE {s}.deliveries d SET
 				state = u.st, attempts = u.at, budget = u.bu, class = u.cl, receipt = u.rc, due_ns = u.du, owner = u.ow,
 				fence = u.fe, lease_end_ns = u.le, from_state = u.fr, to_pending = u.tp, updated_ns = u.up,
 				history = u.hi::jsonb, lane = u.ln, wake_ns = u.wk, terminal = u.te
 				FROM u, ok
-				WHERE ok.ok AND d.tenant = u.t AND d.env_id = u.i AND d.seg = u.sg AND d.state = u.os AND d.fence = u.of`), args...)
+				WHERE ok.ok AND d.tenant = u.t AND d.env_id = u.i AND d.seg = u.sg AND d.env_seq = u.sq AND d.state = u.os AND d.fence = u.of`), args...)
 		},
 		read: func(br pgx.BatchResults) error {
 			tag, err := br.Exec()
@@ -269,7 +275,9 @@ func (s *Store) lockOne(ctx context.Context, tx batcher, k envKey) (*loaded, err
 	var b pgx.Batch
 	// A locked row is read as it is once locked (its newest version).
 	b.Queue(s.sql(`SELECT `+envCols+` FROM `+envFrom+` WHERE e.tenant = $1 AND e.id = $2 FOR UPDATE OF e`), k.tenant, k.id)
-	b.Queue(s.sql(`SELECT `+deliveryCols+` FROM {s}.deliveries WHERE tenant = $1 AND env_id = $2 ORDER BY seg`), k.tenant, k.id)
+	b.Queue(s.sql(`SELECT `+deliveryCols+` FROM {s}.envelopes e, LATERAL (SELECT * FROM {s}.deliveries d
+		WHERE d.tenant = e.tenant AND d.env_id = e.id AND d.env_seq = e.seq OFFSET 0) d
+		WHERE e.tenant = $1 AND e.id = $2 ORDER BY seg`), k.tenant, k.id)
 	br := tx.SendBatch(ctx, &b)
 	defer br.Close()
 	l, err := scanEnv(br.QueryRow())
@@ -370,8 +378,11 @@ func (s *Store) load(ctx context.Context, tx batcher, keys []envKey, lock bool, 
 	var b pgx.Batch
 	b.Queue(s.sql(q), ts, ids)
 	// In no order: a claim's pipe allows no sort (each row goes to its place).
-	b.Queue(s.sql(`SELECT tenant, env_id, `+deliveryCols+` FROM {s}.deliveries
-		WHERE (tenant, env_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`), ts, ids)
+	// OFFSET 0 keeps the subquery apart: the planner starts from the
+	// envelopes then (see updatePart).
+	b.Queue(s.sql(`SELECT d.tenant, d.env_id, `+deliveryCols+` FROM {s}.envelopes e, LATERAL (SELECT * FROM {s}.deliveries d
+		WHERE d.tenant = e.tenant AND d.env_id = e.id AND d.env_seq = e.seq OFFSET 0) d
+		WHERE (e.tenant, e.id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`), ts, ids)
 	for _, p := range parts {
 		p.queue(&b)
 	}
