@@ -90,7 +90,7 @@ func runBench(ctx context.Context, e *env, args []string) int {
 	s.fs.IntVar(&o.consumers, "consumers", 4, "worker slots of drain_c4 and e2e_c4")
 	s.fs.BoolVar(&o.relaxed, "relaxed", false, "relaxed durability (no fsync; --store file only)")
 	store := s.fs.String("store", "file", "the store to measure: file or postgres")
-	dbURL := s.fs.String("database-url", "", "PostgreSQL URL of --store postgres (default env OUTBOX_DATABASE_URL, or the file OUTBOX_DATABASE_URL_FILE names)")
+	dbURL := s.fs.String("database-url", "", "PostgreSQL URL of --store postgres (env "+EnvDatabaseURL+" or "+EnvDatabaseURL+"_FILE; the environment is safer: a flag shows in ps)")
 	cpuProfile := s.fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	only := s.fs.String("only", "", "comma-separated phase groups to run: p1 (send_p1, drain_c1), p16 (send_p16, drain_c4), e2e (e2e_c1, e2e_c4); default all")
 	if code, done := s.parse(args); done {
@@ -120,15 +120,12 @@ func runBench(ctx context.Context, e *env, args []string) int {
 			fmt.Fprintln(e.Stderr, "outbox bench: --relaxed is for --store file (PostgreSQL commits as its synchronous_commit says)")
 			return exitUsage
 		}
-		dsn := *dbURL
-		if dsn == "" {
-			var err error
-			if dsn, err = secret(e, "OUTBOX_DATABASE_URL"); err != nil {
-				return fail(e, "%v", err)
-			}
+		dsn, err := (&dbFlags{url: dbURL}).dsn(e)
+		if err != nil {
+			return fail(e, "%v", err)
 		}
 		if dsn == "" {
-			fmt.Fprintln(e.Stderr, "outbox bench: --store postgres needs --database-url or OUTBOX_DATABASE_URL")
+			fmt.Fprintf(e.Stderr, "outbox bench: --store postgres needs --database-url or %s\n", EnvDatabaseURL)
 			return exitUsage
 		}
 		back = &pgBench{dsn: dsn}

@@ -296,7 +296,8 @@ func TestPG_DSNCanary(t *testing.T) {
 		{"bad URL", "postgres://" + role + ":" + pw + "@127.0.0.1:notaport/postgres", "does not parse"},
 	} {
 		env := []string{EnvDatabaseURL + "=" + bad.dsn, "OUTBOX_DATABASE_SCHEMA=" + schema}
-		for _, args := range [][]string{{"migrate"}, {"ls"}, {"stats"}, {"doctor"}, {"consent", "show", "u1"}, {"enqueue", envFile}} {
+		for _, args := range [][]string{{"migrate"}, {"ls"}, {"stats"}, {"doctor"}, {"consent", "show", "u1"}, {"enqueue", envFile},
+			{"bench", "--store", "postgres", "-n", "1", "--only", "p1"}} {
 			out, code := outboxEnv(t, bin, env, args...)
 			check(bad.name+": outbox "+args[0], out)
 			if code == 0 || !strings.Contains(out, bad.want) {
