@@ -3,7 +3,6 @@ package pgstore_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -29,16 +28,7 @@ type commitReq struct {
 // is tried alone.
 func TestCommit_GroupCommit(t *testing.T) {
 	ctx := context.Background()
-	schema := pgtest.Schema(t)
-	s, err := pgstore.Open(ctx, pgtest.DSN(), &pgstore.Options{Schema: schema,
-		Options: queue.Options{Logger: slog.New(slog.DiscardHandler)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	waiting := make(chan struct{}, 16)
-	groups := make(chan int, 16)
-	pgstore.SetCommitHooks(s, func() { waiting <- struct{}{} }, func(n int) { groups <- n })
+	s, schema, waiting, groups := hookedStore(t, pgstore.SetCommitHooks)
 	tbl := pgx.Identifier{schema}.Sanitize()
 
 	ids := []string{"a", "b", "c", "d", "e", "f", "g", "h"}

@@ -29,16 +29,7 @@ type enqResult struct {
 // fails.
 func TestEnqueue_GroupCommit(t *testing.T) {
 	ctx := context.Background()
-	schema := pgtest.Schema(t)
-	s, err := pgstore.Open(ctx, pgtest.DSN(), &pgstore.Options{Schema: schema,
-		Options: queue.Options{Logger: slog.New(slog.DiscardHandler)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	waiting := make(chan struct{}, 16)
-	groups := make(chan int, 16)
-	pgstore.SetEnqueueHooks(s, func() { waiting <- struct{}{} }, func(n int) { groups <- n })
+	s, schema, waiting, groups := hookedStore(t, pgstore.SetEnqueueHooks)
 	tbl := pgx.Identifier{schema}.Sanitize() + ".envelopes"
 
 	// round runs first alone while an uncommitted row of the admin's holds
@@ -161,6 +152,23 @@ func TestEnqueue_GroupCommit(t *testing.T) {
 			t.Errorf("%s stored = %v, want %v", id, got, want)
 		}
 	}
+}
+
+// hookedStore opens a store in a fresh schema with a group's test hooks
+// (set): waiting gets a value when a call starts waiting for a group,
+// groups the size of each group that runs.
+func hookedStore(t *testing.T, set func(*pgstore.Store, func(), func(int))) (*pgstore.Store, string, chan struct{}, chan int) {
+	t.Helper()
+	schema := pgtest.Schema(t)
+	s, err := pgstore.Open(context.Background(), pgtest.DSN(), &pgstore.Options{Schema: schema,
+		Options: queue.Options{Logger: slog.New(slog.DiscardHandler)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	waiting, groups := make(chan struct{}, 16), make(chan int, 16)
+	set(s, func() { waiting <- struct{}{} }, func(n int) { groups <- n })
+	return s, schema, waiting, groups
 }
 
 // waitBlocked waits until a session waits for a lock in schema (the first
