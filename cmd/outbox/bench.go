@@ -52,7 +52,7 @@ Durability: every acknowledged enqueue is fsynced to its append log (group
 commit). Claims and commits are bbolt transactions without fsync: the no-op
 provider declares that it redelivers idempotently (as Resend does under its
 Idempotency-Key), so a claim lost to a machine crash is redelivered under the
-same key; a worker with a provider that does not (Telegram, WeCom) fsyncs
+same key; a worker with a provider that does not (Telegram, the WeCom robots and bot replies) fsyncs
 each claim (see docs/reliability.md). --relaxed skips the enqueue's fsync
 too (not durable against a machine crash).
 
