@@ -61,6 +61,19 @@ func lostConnection(pe *pgconn.PgError) bool {
 	return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
 }
 
+// TimeoutError is a statement the server cancelled at statement_timeout
+// (SQLSTATE 57014): the database did not answer in time; try again later.
+type TimeoutError struct {
+	Op string
+}
+
+func (e *TimeoutError) Error() string {
+	return "pgstore: " + e.Op + ": the database did not answer within statement_timeout"
+}
+
+// Is makes a TimeoutError queue.ErrUnavailable.
+func (e *TimeoutError) Is(target error) bool { return target == queue.ErrUnavailable }
+
 // ours reports errors of the contract (or this package) that go back as they are.
 func ours(err error) bool {
 	var ee *queue.EnqueueError
@@ -78,7 +91,8 @@ func ours(err error) bool {
 	}
 	var ce *ConnectError
 	var ne *NetError
-	return errors.As(err, &ce) || errors.As(err, &ne)
+	var te *TimeoutError
+	return errors.As(err, &ce) || errors.As(err, &ne) || errors.As(err, &te)
 }
 
 // safeErr names the operation and drops whatever of the DSN an error of
@@ -102,6 +116,9 @@ func safeErr(op string, err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && lostConnection(pe) {
 		return &NetError{Op: op, Cause: pe}
+	}
+	if errors.As(err, &pe) && pe.Code == "57014" {
+		return &TimeoutError{Op: op}
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return &NetError{Op: op, Cause: errors.New("the server closed the connection")}

@@ -85,6 +85,10 @@ type Store struct {
 
 var _ queue.Store = (*Store)(nil)
 
+// DefaultStatementTimeout bounds every statement of a store opened by Open
+// or Connect, unless the DSN sets statement_timeout itself.
+const DefaultStatementTimeout = "30s"
+
 // Open connects to the database at dsn (a PostgreSQL URL or key=value
 // string; pgxpool settings such as pool_max_conns apply), migrates the
 // schema unless opts.NoMigrate, and returns the store, which owns the pool
@@ -109,6 +113,12 @@ func Connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, ErrBadURL
+	}
+	// A statement that waits for ever (behind a lock a stuck session
+	// holds, on a server in trouble) would hold a worker slot or an HTTP
+	// request for ever; the DSN may set another bound (0: none).
+	if _, set := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !set {
+		cfg.ConnConfig.RuntimeParams["statement_timeout"] = DefaultStatementTimeout
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

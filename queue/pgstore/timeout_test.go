@@ -1,0 +1,109 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/pgstore"
+	"github.com/outboxhq/outbox/queue/pgstore/pgtest"
+	"github.com/outboxhq/outbox/queue/queuetest"
+)
+
+// withParam returns dsn (a URL or key=value string) with one more setting.
+func withParam(t *testing.T, dsn, key, value string) string {
+	t.Helper()
+	if strings.Contains(dsn, "://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		q.Set(key, value)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return dsn + " " + key + "=" + value
+}
+
+func showTimeout(t *testing.T, dsn string) string {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgstore.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var v string
+	if err := pool.QueryRow(ctx, "SHOW statement_timeout").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// Every statement is bounded: 30 s unless the DSN says otherwise.
+func TestStatementTimeout_Default(t *testing.T) {
+	if got := showTimeout(t, pgtest.DSN()); got != pgstore.DefaultStatementTimeout {
+		t.Errorf("statement_timeout = %q, want %q", got, pgstore.DefaultStatementTimeout)
+	}
+	if got := showTimeout(t, withParam(t, pgtest.DSN(), "statement_timeout", "1500")); got != "1500ms" {
+		t.Errorf("statement_timeout with the DSN's 1500 = %q", got)
+	}
+}
+
+// A statement stuck behind a lock another session holds ends at
+// statement_timeout with an error that says so (queue.ErrUnavailable: the
+// HTTP API answers 503), stores nothing, and the store works once the
+// lock is gone.
+func TestStatementTimeout_LockedTable(t *testing.T) {
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	s, err := pgstore.Open(ctx, withParam(t, pgtest.DSN(), "statement_timeout", "300"), &pgstore.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Enqueue(ctx, queuetest.Reply("before", "u-1", "hi")); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pgtest.Admin().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+schema+".deliveries IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Bounded by the test too: without statement_timeout the calls would
+	// end only here, with the context's error.
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	req := queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 5}
+	for name, call := range map[string]func() error{
+		"Claim":   func() error { _, err := s.Claim(cctx, req); return err },
+		"Enqueue": func() error { _, err := s.Enqueue(cctx, queuetest.Reply("during", "u-2", "hi")); return err },
+		"Counts":  func() error { _, err := s.Counts(cctx, ""); return err },
+	} {
+		start := time.Now()
+		err := call()
+		var te *pgstore.TimeoutError
+		if !errors.As(err, &te) || !errors.Is(err, queue.ErrUnavailable) {
+			t.Fatalf("%s behind the lock after %v: %v, want a *pgstore.TimeoutError (queue.ErrUnavailable)", name, time.Since(start), err)
+		}
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, "", "during"); !errors.Is(err, queue.ErrNotFound) {
+		t.Errorf("the timed-out enqueue: Get = %v, want ErrNotFound", err)
+	}
+	ls, err := s.Claim(ctx, req)
+	if err != nil || len(ls) != 1 {
+		t.Fatalf("Claim after the lock: %d leases, %v", len(ls), err)
+	}
+}
