@@ -60,6 +60,9 @@ func TestPG_DatabaseDown(t *testing.T) {
 	if code, _ := request(t, "GET", d.base+"/healthz", "", nil); code != 200 {
 		t.Fatalf("healthz with the database down = %d", code)
 	}
+	if code, b := request(t, "GET", d.base+"/readyz", "", nil); code != http.StatusServiceUnavailable {
+		t.Fatalf("readyz with the database down = %d %s, want 503", code, b)
+	}
 	eventually(t, "the worker's failed store calls logged", func() bool {
 		return strings.Count(d.logs.String(), `"error_class":"store_unavailable"`) >= 2
 	})
@@ -87,6 +90,9 @@ func TestPG_DatabaseDown(t *testing.T) {
 			t.Fatalf("GET %s, refused with 503 = %d %s; want 404 (nothing stored)", id, code, b)
 		}
 		eventually(t, "POST "+id+" accepted", func() bool { c, _ := post(id); return c == http.StatusCreated })
+	}
+	if code, b := request(t, "GET", d.base+"/readyz", "", nil); code != http.StatusOK {
+		t.Fatalf("readyz with the database back = %d %s, want 200", code, b)
 	}
 	all := append([]string{"before-0", "before-1", "before-2", "before-3", "before-4"}, refused...)
 	for _, id := range all {

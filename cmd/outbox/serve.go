@@ -233,7 +233,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	api, err := httpapi.New(httpapi.Config{
 		Store: a.q, Token: token, MaxBody: int64(*f.maxBody), MaxInflight: int64(*f.maxInflight), Logger: log, Unsub: a.unsub, Brand: brand,
 		VAPIDPublicKey: a.vapidPub, SeamLease: *f.seamLease,
-		Ready: func() bool { return true },
+		Ready: func() bool { return ready(a.q) },
 	})
 	if err != nil {
 		return fail(e, "%v", err)
@@ -401,4 +401,16 @@ func operatorSocket(dir string) (string, error) {
 		return "", errSocketLink(path)
 	}
 	return path, nil
+}
+
+// ready is /readyz's answer: whether the store can serve calls now (the
+// database answers; the file store is open and its index not damaged).
+func ready(q queue.Store) bool {
+	p, ok := q.(interface{ Ping(context.Context) error })
+	if !ok {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return p.Ping(ctx) == nil
 }

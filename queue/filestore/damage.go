@@ -1,9 +1,12 @@
 package filestore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime/debug"
+
+	"github.com/outboxhq/outbox/queue"
 )
 
 // The index is a memory-mapped file: one emptied, truncated or overwritten
@@ -58,3 +61,12 @@ func (q *Queue) Damaged() <-chan struct{} { return q.damaged }
 
 // DamageError is the *CorruptIndexError that closed Damaged, or nil.
 func (q *Queue) DamageError() error { return q.damageErr() }
+
+// Ping reports whether the store can serve calls (a readiness check): nil,
+// queue.ErrClosed after Close, or the damage found at run time.
+func (q *Queue) Ping(context.Context) error {
+	if q.isClosed() {
+		return queue.ErrClosed
+	}
+	return q.damageErr()
+}

@@ -526,3 +526,12 @@ func (s *Store) Close() error {
 	})
 	return nil
 }
+
+// Ping reports whether the database answers (a readiness check): nil, or
+// the error, as every other call's, without the DSN.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	return safeErr("ping", s.pool.Ping(ctx))
+}
