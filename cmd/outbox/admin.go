@@ -58,7 +58,7 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		if err := q.Close(); err != nil {
 			return fail(e, "%v", err)
 		}
-		fi, statErr = os.Stat(idx)
+		_, statErr = os.Stat(idx)
 	}
 	switch {
 	case *rebuild && sockUp:

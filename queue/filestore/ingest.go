@@ -598,9 +598,9 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known knownFunc, mine *prepared
 			q.log.Error("read log failed", "operation", "ingest", "status", "error")
 			return fmt.Errorf("read log: %w", err)
 		}
-		stop, err := q.ingestLines(tx, &ing, c.Data, pos)
-		if err != nil {
-			return err
+		stop, ierr := q.ingestLines(tx, &ing, c.Data, pos)
+		if ierr != nil {
+			return ierr
 		}
 		if stop >= 0 {
 			pos = stop

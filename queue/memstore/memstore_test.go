@@ -46,15 +46,6 @@ func claimOne(t testing.TB, s queue.Store) *queue.Lease {
 	return ls[0]
 }
 
-func segment(t testing.TB, s queue.Store, id string) queue.SegmentStatus {
-	t.Helper()
-	st, err := s.Get(context.Background(), envelope.DefaultTenant, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st.Segments[0]
-}
-
 func TestStore_NilArguments(t *testing.T) {
 	ctx := context.Background()
 	s, _ := newStore(t, nil)
