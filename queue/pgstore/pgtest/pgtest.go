@@ -81,9 +81,11 @@ func Admin() *pgxpool.Pool { return admin }
 // Restart cuts every connection to the server: the throwaway server is
 // stopped at once (as in a crash: no shutdown checkpoint) and started
 // again; on a server named by OUTBOX_TEST_DATABASE_URL, every other
-// backend is terminated instead. The admin pool reconnects by itself.
+// backend is terminated instead. The admin pool drops its connections, which
+// the restart cut, and opens new ones.
 func Restart() error {
 	if restart != nil {
+		defer admin.Reset()
 		return restart()
 	}
 	_, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
@@ -107,6 +109,7 @@ func Start() error {
 	if resume == nil {
 		return errors.New("pgtest: the server named by " + EnvURL + " cannot be started")
 	}
+	defer admin.Reset() // its connections died with the server
 	return resume()
 }
 
@@ -118,9 +121,14 @@ func Schema(t testing.TB) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := admin.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err != nil {
-			t.Errorf("pgtest: drop schema: %v", err)
+		// A connection a restart cut fails once and leaves the pool.
+		var err error
+		for range 3 {
+			if _, err = admin.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err == nil {
+				return
+			}
 		}
+		t.Errorf("pgtest: drop schema: %v", err)
 	})
 	return name
 }
