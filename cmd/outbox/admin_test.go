@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -140,5 +143,52 @@ func TestDoctor_StoreOnlyAppendedTo(t *testing.T) {
 				t.Fatalf("doctor afterwards = %d %s", code, out)
 			}
 		})
+	}
+}
+
+// A serve that takes an operator call but never answers (stopped with
+// SIGSTOP, a suspended machine) gets a timeout that names it and says what
+// to do, not a bare client error.
+func TestCLI_StoppedServeNamed(t *testing.T) {
+	dir, err := os.MkdirTemp("", "op") // short: a socket path has a limit
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ln, err := net.Listen("unix", filepath.Join(dir, "outbox.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var held sync.WaitGroup
+	quit := make(chan struct{})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held.Add(1)
+			go func() { // read the request, answer nothing
+				defer held.Done()
+				defer c.Close()
+				go func() { _, _ = io.Copy(io.Discard, c) }()
+				<-quit
+			}()
+		}
+	}()
+	t.Cleanup(func() { close(quit); held.Wait() })
+	if err := os.WriteFile(filepath.Join(dir, "outbox.pid"), []byte("4242\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := opTimeout
+	opTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { opTimeout = old })
+	for _, cmd := range [][]string{{"ls"}, {"stats"}, {"show", "n-1"}} {
+		out, errs, code := runCmd(t, append(cmd, "--data", dir)...)
+		if code != 1 || !strings.Contains(errs, "serve (pid 4242) took the call but did not answer within 200ms") ||
+			!strings.Contains(errs, "kill -CONT 4242") || strings.Contains(errs, "Client.Timeout") {
+			t.Errorf("%v = %d, stdout %q, stderr %q", cmd, code, out, errs)
+		}
 	}
 }

@@ -176,8 +176,16 @@ type remoteError struct {
 func (e *remoteError) Error() string { return e.msg }
 func (e *remoteError) Unwrap() error { return e.sentinel }
 
+// opTimeout bounds an operator command's call to a running daemon (a
+// variable for tests).
+var opTimeout = 30 * time.Second
+
 // socketBackend calls a running daemon over its operator socket.
-type socketBackend struct{ c *http.Client }
+type socketBackend struct {
+	c    *http.Client
+	path string // the socket, for errors
+	dir  string // the data directory, for the daemon's pid
+}
 
 func (s *socketBackend) call(ctx context.Context, method string, r opRequest, out any) error {
 	body, _ := json.Marshal(r)
@@ -187,6 +195,10 @@ func (s *socketBackend) call(ctx context.Context, method string, r opRequest, ou
 	}
 	resp, err := s.c.Do(req)
 	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil {
+			return s.noAnswer()
+		}
 		return fmt.Errorf("operator socket: %w", err)
 	}
 	defer resp.Body.Close()
@@ -205,6 +217,17 @@ func (s *socketBackend) call(ctx context.Context, method string, r opRequest, ou
 		return nil
 	}
 	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// noAnswer is the error of a call the daemon took but did not answer: a
+// serve stopped with SIGSTOP, on a suspended machine, or stuck.
+func (s *socketBackend) noAnswer() error {
+	who, resume := "the serve on "+s.dir, "resume it (kill -CONT)"
+	if pid := filestore.PID(s.dir); pid > 0 {
+		who = fmt.Sprintf("serve (pid %d)", pid)
+		resume = fmt.Sprintf("resume it (kill -CONT %d)", pid)
+	}
+	return fmt.Errorf("operator socket %s: %s took the call but did not answer within %s: it may be stopped (SIGSTOP, a suspended machine) or stuck; %s, or stop it and run the command again", s.path, who, opTimeout, resume)
 }
 
 func (s *socketBackend) List(ctx context.Context, f queue.ListFilter) (*queue.Page, error) {
@@ -281,8 +304,8 @@ func openBackend(dir string) (backend, func(), error) {
 		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", path)
-		}}, Timeout: 30 * time.Second}
-		return &socketBackend{c: c}, func() {}, nil
+		}}, Timeout: opTimeout}
+		return &socketBackend{c: c, path: path, dir: dir}, func() {}, nil
 	}
 	if _, err := os.Stat(filepath.Join(dir, filestore.IndexFile)); err != nil {
 		if !neverOpened(dir) {

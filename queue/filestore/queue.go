@@ -602,6 +602,12 @@ func beUint64(b []byte) uint64 { return binary.BigEndian.Uint64(b[:8]) }
 
 func pidPath(dir string) string { return filepath.Join(dir, "outbox.pid") }
 
+// PID returns the pid the process that has the store in dir open wrote
+// into its pid file, 0 when there is none (nothing has it open, or it
+// could not write the file). It names a process in an error; it proves
+// nothing about whether that process still runs.
+func PID(dir string) int { return readPID(dir) }
+
 // writePID writes the pid file, never through a symbolic link: a link
 // there fails Open (a *applog.LinkError). Other failures are ignored (the
 // pid only serves the next opener's error).
