@@ -89,6 +89,16 @@ var _ queue.Store = (*Store)(nil)
 // or Connect, unless the DSN sets statement_timeout itself.
 const DefaultStatementTimeout = "30s"
 
+// DefaultIdleInTransactionTimeout ends a session of a store opened by Open
+// or Connect that stays idle inside a transaction this long, unless the
+// DSN sets idle_in_transaction_session_timeout itself. A process paused
+// mid-transaction (SIGSTOP, a suspended VM, a network partition) holds its
+// envelopes' row locks until then, and claims and recoveries skip locked
+// envelopes: without a bound its leases would never be recovered while it
+// stays paused. The store's own transactions are never idle for more than
+// a round trip; one ended this way is rolled back whole.
+const DefaultIdleInTransactionTimeout = "5s"
+
 // Open connects to the database at dsn (a PostgreSQL URL or key=value
 // string; pgxpool settings such as pool_max_conns apply), migrates the
 // schema unless opts.NoMigrate, and returns the store, which owns the pool
@@ -120,6 +130,9 @@ func Connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	if _, set := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !set {
 		cfg.ConnConfig.RuntimeParams["statement_timeout"] = DefaultStatementTimeout
 	}
+	if _, set := cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !set {
+		cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = DefaultIdleInTransactionTimeout
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, safeErr("open", err)
@@ -133,7 +146,10 @@ func Connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 
 // OpenPool is Open on a pool the caller owns: Close leaves it open. The
 // store also opens one connection of its own (from the pool's
-// configuration) for LISTEN.
+// configuration) for LISTEN. The pool's settings are the caller's: set
+// statement_timeout and idle_in_transaction_session_timeout in its
+// configuration (see DefaultStatementTimeout and
+// DefaultIdleInTransactionTimeout for why).
 func OpenPool(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("pgstore: nil pool")

@@ -30,7 +30,9 @@ func withParam(t *testing.T, dsn, key, value string) string {
 	return dsn + " " + key + "=" + value
 }
 
-func showTimeout(t *testing.T, dsn string) string {
+func showTimeout(t *testing.T, dsn string) string { return show(t, dsn, "statement_timeout") }
+
+func show(t *testing.T, dsn, setting string) string {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := pgstore.Connect(ctx, dsn)
@@ -39,7 +41,7 @@ func showTimeout(t *testing.T, dsn string) string {
 	}
 	defer pool.Close()
 	var v string
-	if err := pool.QueryRow(ctx, "SHOW statement_timeout").Scan(&v); err != nil {
+	if err := pool.QueryRow(ctx, "SHOW "+setting).Scan(&v); err != nil {
 		t.Fatal(err)
 	}
 	return v
@@ -52,6 +54,42 @@ func TestStatementTimeout_Default(t *testing.T) {
 	}
 	if got := showTimeout(t, withParam(t, pgtest.DSN(), "statement_timeout", "1500")); got != "1500ms" {
 		t.Errorf("statement_timeout with the DSN's 1500 = %q", got)
+	}
+}
+
+// A session idle inside a transaction (its process paused while it held
+// envelopes' locks) is ended after 5 s unless the DSN says otherwise, and
+// the locks it held are free again.
+func TestIdleInTransactionTimeout(t *testing.T) {
+	const k = "idle_in_transaction_session_timeout"
+	if got := show(t, pgtest.DSN(), k); got != pgstore.DefaultIdleInTransactionTimeout {
+		t.Errorf("%s = %q, want %q", k, got, pgstore.DefaultIdleInTransactionTimeout)
+	}
+	dsn := withParam(t, pgtest.DSN(), k, "300")
+	if got := show(t, dsn, k); got != "300ms" {
+		t.Errorf("%s with the DSN's 300 = %q", k, got)
+	}
+	ctx := context.Background()
+	pool, err := pgstore.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(4242)"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // idle in the transaction, as a paused process would be
+	if _, err := tx.Exec(ctx, "SELECT 1"); err == nil {
+		t.Errorf("a session idle in its transaction for 1 s was not ended")
+	}
+	_ = tx.Rollback(ctx)
+	var free bool
+	if err := pool.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock(4242)").Scan(&free); err != nil || !free {
+		t.Errorf("the ended session's lock is still held: %v %v", free, err)
 	}
 }
 
