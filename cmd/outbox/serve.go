@@ -311,7 +311,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	}
 	// A second signal exits at once.
 	again := make(chan os.Signal, 1)
-	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(again)
 	stopped := make(chan struct{})
 	defer close(stopped)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -57,5 +58,32 @@ func TestServe_StopLeavesNoGoroutine(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("serve did not stop")
+	}
+}
+
+// A hangup (the terminal serve runs in is closed) stops serve as SIGTERM
+// does: in-flight work finishes and it exits 0, instead of dying at once
+// and leaving its leases to be reconciled.
+func TestServe_HangupStopsCleanly(t *testing.T) {
+	bin := buildBinary(t)
+	d, out, _ := launchServe(t, bin, t.TempDir(), nil)
+	if d == nil {
+		t.Fatalf("serve:\n%s", out)
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		<-d.scanned
+		done <- d.cmd.Wait()
+	}()
+	select {
+	case err := <-done:
+		if err != nil || !strings.Contains(d.logs.String(), "shutting down") {
+			t.Fatalf("serve after SIGHUP: %v\n%s", err, d.logs)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop on SIGHUP")
 	}
 }
