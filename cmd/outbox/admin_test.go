@@ -159,10 +159,10 @@ func TestCLI_StoppedServeNamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
 	var held sync.WaitGroup
-	quit := make(chan struct{})
+	quit, accepting := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(accepting)
 		for {
 			c, err := ln.Accept()
 			if err != nil {
@@ -177,7 +177,12 @@ func TestCLI_StoppedServeNamed(t *testing.T) {
 			}()
 		}
 	}()
-	t.Cleanup(func() { close(quit); held.Wait() })
+	t.Cleanup(func() {
+		ln.Close()
+		<-accepting // no Add after this
+		close(quit)
+		held.Wait()
+	})
 	if err := os.WriteFile(filepath.Join(dir, "outbox.pid"), []byte("4242\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
