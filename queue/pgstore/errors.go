@@ -74,6 +74,21 @@ func (e *TimeoutError) Error() string {
 // Is makes a TimeoutError queue.ErrUnavailable.
 func (e *TimeoutError) Is(target error) bool { return target == queue.ErrUnavailable }
 
+// MissingSchemaError is a statement on a table that is not there
+// (SQLSTATE 42P01, or 3F000 for the schema): the store's schema was dropped
+// under it, or the URL names another database. The store cannot serve
+// calls until the schema is migrated again.
+type MissingSchemaError struct {
+	Op string
+}
+
+func (e *MissingSchemaError) Error() string {
+	return "pgstore: " + e.Op + ": the store's tables are not in the database (its schema was dropped, or the URL names another database): migrate it again (outbox migrate, or pgstore.Migrate)"
+}
+
+// Is makes a MissingSchemaError queue.ErrUnavailable.
+func (e *MissingSchemaError) Is(target error) bool { return target == queue.ErrUnavailable }
+
 // ours reports errors of the contract (or this package) that go back as they are.
 func ours(err error) bool {
 	var ee *queue.EnqueueError
@@ -92,7 +107,8 @@ func ours(err error) bool {
 	var ce *ConnectError
 	var ne *NetError
 	var te *TimeoutError
-	return errors.As(err, &ce) || errors.As(err, &ne) || errors.As(err, &te)
+	var me *MissingSchemaError
+	return errors.As(err, &ce) || errors.As(err, &ne) || errors.As(err, &te) || errors.As(err, &me)
 }
 
 // safeErr names the operation and drops whatever of the DSN an error of
@@ -119,6 +135,9 @@ func safeErr(op string, err error) error {
 	}
 	if errors.As(err, &pe) && pe.Code == "57014" {
 		return &TimeoutError{Op: op}
+	}
+	if errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "3F000") {
+		return &MissingSchemaError{Op: op}
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return &NetError{Op: op, Cause: errors.New("the server closed the connection")}

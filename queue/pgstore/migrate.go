@@ -86,7 +86,7 @@ var ErrSchemaNewer = errors.New("pgstore: the database schema is newer than this
 
 // ErrNotMigrated is returned by Open with NoMigrate when the schema is
 // missing or older than this version's (run outbox migrate).
-var ErrNotMigrated = errors.New("pgstore: the database schema is not migrated to this version (run outbox migrate)")
+var ErrNotMigrated = errors.New("pgstore: the database schema is not migrated to this version")
 
 // migrateLockKey is the first key of the advisory lock that serialises
 // migrations (the second is the schema's hash): "outb".

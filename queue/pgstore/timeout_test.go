@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -143,5 +144,55 @@ func TestStatementTimeout_LockedTable(t *testing.T) {
 	ls, err := s.Claim(ctx, req)
 	if err != nil || len(ls) != 1 {
 		t.Fatalf("Claim after the lock: %d leases, %v", len(ls), err)
+	}
+}
+
+// A schema dropped under a running store (an operator's DROP SCHEMA, a URL
+// that names another database after a failover) fails every call with an
+// error that says what to do, as queue.ErrUnavailable (HTTP 503, the worker
+// backs off), and Ping fails (/readyz answers 503); once the schema is
+// migrated again the same store works.
+func TestMissingSchema(t *testing.T) {
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	s, err := pgstore.Open(ctx, pgtest.DSN(), &pgstore.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Enqueue(ctx, queuetest.Reply("before", "u-1", "hi")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping = %v", err)
+	}
+	if _, err := pgtest.Admin().Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	want := "the store's tables are not in the database (its schema was dropped, or the URL names another database): migrate it again (outbox migrate, or pgstore.Migrate)"
+	_, enqErr := s.Enqueue(ctx, queuetest.Reply("after", "u-1", "hi"))
+	_, claimErr := s.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute})
+	_, countErr := s.Counts(ctx, "")
+	for name, err := range map[string]error{"Enqueue": enqErr, "Claim": claimErr, "Counts": countErr, "Ping": s.Ping(ctx)} {
+		if !errors.Is(err, queue.ErrUnavailable) || !strings.Contains(fmt.Sprint(err), want) {
+			t.Errorf("%s after the schema was dropped = %v", name, err)
+		}
+	}
+	pool, err := pgstore.Connect(ctx, pgtest.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pgstore.Migrate(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Errorf("Ping after migrating again = %v", err)
+	}
+	if _, err := s.Enqueue(ctx, queuetest.Reply("again", "u-1", "hi")); err != nil {
+		t.Errorf("Enqueue after migrating again = %v", err)
+	}
+	if ls, err := s.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute}); err != nil || len(ls) != 1 || ls[0].Key.EnvelopeID != "again" {
+		t.Errorf("Claim after migrating again = %v, %v", ls, err)
 	}
 }
