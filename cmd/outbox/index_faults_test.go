@@ -180,6 +180,14 @@ func TestFault_LostIndexNotResent(t *testing.T) {
 // delivered again.
 func TestFault_IndexEmptiedUnderServe(t *testing.T) {
 	bin := buildBinary(t)
+	// Emptied in place ("> index.db"), removed, or replaced by a copy moved
+	// over it (a restore): serve stops by itself in each case.
+	for _, fault := range []string{"emptied", "removed", "replaced"} {
+		t.Run(fault, func(t *testing.T) { indexFaultUnderServe(t, bin, fault) })
+	}
+}
+
+func indexFaultUnderServe(t *testing.T, bin, fault string) {
 	data := t.TempDir()
 	d, out, _ := tryServe(t, bin, data)
 	if d == nil {
@@ -195,28 +203,43 @@ func TestFault_IndexEmptiedUnderServe(t *testing.T) {
 		t.Fatalf("POST = %d %s", code, b)
 	}
 	eventually(t, "every reply delivered", func() bool { c, _ := journal(t, data); return c >= n })
-	if err := os.Truncate(filepath.Join(data, "index.db"), 0); err != nil {
+	index := filepath.Join(data, "index.db")
+	var err error
+	switch fault {
+	case "emptied":
+		err = os.Truncate(index, 0)
+	case "removed":
+		err = os.Remove(index)
+	case "replaced":
+		var b []byte
+		if b, err = os.ReadFile(index); err == nil {
+			if err = os.WriteFile(index+".copy", b, 0o600); err == nil {
+				err = os.Rename(index+".copy", index)
+			}
+		}
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
-	// The next call on the index finds it: a read (an operator's GET)
-	// or the worker's next turn, whichever comes first.
+	// An emptied index is found by the next call on it: a read (an
+	// operator's GET) or the worker's next turn, whichever comes first;
+	// a removed or replaced one within a second.
 	code, _ := request(t, "GET", d.base+"/v1/envelopes/r0000", faultToken, nil)
 	exited := make(chan error, 1)
 	go func() { <-d.scanned; exited <- d.cmd.Wait() }()
-	var err error
 	select {
 	case err = <-exited:
 	case <-time.After(60 * time.Second):
 		d.kill()
-		t.Fatalf("serve still runs a minute after its index was emptied (GET answered %d):\n%s", code, d.logs)
+		t.Fatalf("serve still runs a minute after its index was %s (GET answered %d):\n%s", fault, code, d.logs)
 	}
 	logs := d.logs.String()
 	noCrash(t, "serve", logs)
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != exitFailure || !strings.Contains(logs, "the index was damaged under the running store") || !strings.Contains(logs, "outbox doctor --rebuild") {
-		t.Fatalf("serve after its index was emptied: %v, want exit 1 naming the damage and outbox doctor --rebuild:\n%s", err, logs)
+		t.Fatalf("serve after its index was %s: %v, want exit 1 naming the damage and outbox doctor --rebuild:\n%s", fault, err, logs)
 	}
-	if code == http.StatusOK {
+	if fault == "emptied" && code == http.StatusOK {
 		t.Errorf("GET of an envelope after the index was emptied answered 200")
 	}
 	if out, code := outbox(t, bin, "doctor", "--rebuild", "--data", data); code != 0 || !strings.Contains(out, fmt.Sprintf("rebuilt: %d envelopes", n)) {

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"runtime/debug"
+	"time"
 
 	"github.com/outboxhq/outbox/queue"
 )
@@ -43,8 +46,34 @@ func (q *Queue) markDamaged(ce *CorruptIndexError) {
 	}
 	close(q.damaged)
 	q.log.Error("the index was damaged under the running store: every call fails from now on; stop the process, then start it again (it refuses the index or repairs it; \"outbox doctor --rebuild\" rebuilds it from the logs, which hold every acknowledged envelope)",
-		"operation", "index", "status", "damaged")
+		"operation", "index", "status", "damaged", "reason", ce.Reason)
 }
+
+// checkIndexFile marks the store damaged when index.db is no longer the
+// file the store has open: removed (with its directory, perhaps) or
+// replaced, renamed over, under it. The store would go on writing to a file
+// that no one opens again, and everything it recorded would be lost at the
+// next start. The tailer runs it every indexCheckInterval.
+func (q *Queue) checkIndexFile() {
+	q.indexMu.Lock()
+	fi, err := os.Stat(q.indexPath())
+	open := q.indexFile
+	q.indexMu.Unlock()
+	var reason string
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		reason = "the file was removed under the running store"
+	case err != nil || open == nil || os.SameFile(fi, open):
+		return // the same file, or no way to tell (not damage)
+	default:
+		reason = "the file was replaced under the running store"
+	}
+	q.markDamaged(&CorruptIndexError{Path: q.indexPath(), Reason: reason})
+}
+
+// indexCheckInterval is how often the tailer checks that index.db is still
+// the file the store has open (a stat).
+const indexCheckInterval = time.Second
 
 // damageErr is the damage found at run time, or nil.
 func (q *Queue) damageErr() error {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -105,6 +106,81 @@ func TestIndexCutUnderRunningStore(t *testing.T) {
 				if _, err := q.Get(context.Background(), envelope.DefaultTenant, fmt.Sprintf("r%d", i)); err != nil {
 					t.Errorf("r%d after the rebuild: %v", i, err)
 				}
+			}
+		})
+	}
+}
+
+// index.db removed or replaced (renamed over) under a running store, or
+// the whole data directory removed: the store would go on writing to a
+// file no one opens again. Within about a second it stops using it, as for
+// a damaged index: Damaged closes, every call fails with a
+// *CorruptIndexError that says what happened, and nothing more is
+// acknowledged. The logs rebuild what is left.
+func TestIndexRemovedUnderRunningStore(t *testing.T) {
+	for _, fault := range []string{"removed", "replaced", "directory-removed"} {
+		t.Run(fault, func(t *testing.T) {
+			ctx := context.Background()
+			dir := filepath.Join(t.TempDir(), "data")
+			q, err := filestore.Open(dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer q.Close()
+			for i := range 5 {
+				if _, err := q.Enqueue(ctx, queuetest.Reply(fmt.Sprintf("r%d", i), "u-1", "hi")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			index := filepath.Join(dir, filestore.IndexFile)
+			reason := "the file was removed under the running store"
+			switch fault {
+			case "removed":
+				err = os.Remove(index)
+			case "replaced": // an older copy moved over it, as a restore would
+				var b []byte
+				if b, err = os.ReadFile(index); err == nil {
+					if err = os.WriteFile(index+".copy", b, 0o600); err == nil {
+						err = os.Rename(index+".copy", index)
+					}
+				}
+				reason = "the file was replaced under the running store"
+			case "directory-removed":
+				err = os.RemoveAll(dir)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-q.Damaged():
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the store still uses its index 10 s after it was %s", fault)
+			}
+			var ce *filestore.CorruptIndexError
+			if err := q.DamageError(); !errors.As(err, &ce) || ce.Reason != reason || !strings.Contains(err.Error(), "outbox doctor --rebuild") {
+				t.Fatalf("DamageError = %v, want %q", err, reason)
+			}
+			if _, err := q.Enqueue(ctx, queuetest.Reply("late", "u-1", "hi")); !errors.As(err, &ce) {
+				t.Errorf("Enqueue after the index was %s = %v, want the damage", fault, err)
+			}
+			if _, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute}); !errors.As(err, &ce) {
+				t.Errorf("Claim after the index was %s = %v, want the damage", fault, err)
+			}
+			q.Close()
+			if fault == "directory-removed" {
+				return
+			}
+			if _, err := filestore.Rebuild(dir, nil); err != nil {
+				t.Fatal(err)
+			}
+			q = mustOpen(t, dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+			for i := range 5 {
+				if _, err := q.Get(ctx, envelope.DefaultTenant, fmt.Sprintf("r%d", i)); err != nil {
+					t.Errorf("r%d after the rebuild: %v", i, err)
+				}
+			}
+			if _, err := q.Get(ctx, envelope.DefaultTenant, "late"); !errors.Is(err, queue.ErrNotFound) {
+				t.Errorf("the refused envelope after the rebuild: %v", err)
 			}
 		})
 	}

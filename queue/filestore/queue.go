@@ -50,6 +50,10 @@ type Queue struct {
 
 	damage  atomic.Pointer[CorruptIndexError] // found at run time (damage.go)
 	damaged chan struct{}                     // closed with damage
+	// indexMu guards indexFile, the identity of the index file the store
+	// has open, against a swap (an Erase's rewrite) while it is checked.
+	indexMu   sync.Mutex
+	indexFile os.FileInfo
 
 	// beforeCommit, set only by tests, runs inside every write transaction
 	// after its ops: an error fails the transaction (a full disk, an I/O
@@ -219,6 +223,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		ready:    make(chan struct{}),
 	}
 	q.db.Store(db)
+	q.indexFile, _ = os.Stat(path)
 	if !o.NoSync {
 		q.app = applog.NewAppender(dir, applog.Fdatasync)
 	} else {

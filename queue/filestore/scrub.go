@@ -61,12 +61,16 @@ func (q *Queue) rewriteIndex() error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("erase: open the rewritten index: %w", err)
 	}
+	q.indexMu.Lock()
 	if err := os.Rename(tmp, path); err != nil {
+		q.indexMu.Unlock()
 		ndb.Close()
 		_ = os.Remove(tmp)
 		return fmt.Errorf("erase: swap in the rewritten index: %w", err)
 	}
 	q.db.Store(ndb)
+	q.indexFile, _ = os.Stat(path)
+	q.indexMu.Unlock()
 	q.wg.Add(1)
 	go func() {
 		// Waits for the reads that began on the old file.

@@ -182,10 +182,15 @@ func (t *tailer) loop() {
 		defer timer.Stop()
 		tick = timer.C
 	}
+	check := time.NewTicker(indexCheckInterval)
+	defer check.Stop()
 	for {
 		select {
 		case <-t.stop:
 			return
+		case <-check.C:
+			t.q.checkIndexFile()
+			continue
 		case <-tick:
 			t.mark("", true)
 			continue
