@@ -82,6 +82,10 @@ func TestClaim_UnsyncedClaimLostInACrashIsRedelivered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	markBefore, err := os.ReadFile(markPath(dir)) // and of its mark, which only lags it
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	req := queue.ClaimRequest{Channels: []envelope.Channel{envelope.ChannelTelegram}, Owner: "w", Lease: time.Minute}
 	q = openUnsynced(t, dir)
@@ -93,6 +97,9 @@ func TestClaim_UnsyncedClaimLostInACrashIsRedelivered(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(index, before, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(markPath(dir), markBefore, 0o600); err != nil {
 		t.Fatal(err)
 	}
 

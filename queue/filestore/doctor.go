@@ -310,8 +310,20 @@ func Rebuild(dir string, opts *Options) (int, error) {
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return 0, fmt.Errorf("rebuild: remove an unfinished rebuild: %w", err)
 	}
-	n, err := buildIndex(dir, tmp, o)
+	// The rebuilt index keeps the store's identity (the mark's), in the
+	// next generation; whichever file a kill leaves at index.db, the mark
+	// accepts it.
+	cur, ok := readMark(dir)
+	if !ok {
+		cur = mark{id: newIndexID()}
+	}
+	next := cur.gen + 1
+	n, err := buildIndex(dir, tmp, cur.id, next, o)
 	if err != nil {
+		_ = os.Remove(tmp)
+		return 0, fmt.Errorf("rebuild: %w", err)
+	}
+	if err := writeMark(dir, swapMark(cur, next)); err != nil {
 		_ = os.Remove(tmp)
 		return 0, fmt.Errorf("rebuild: %w", err)
 	}
@@ -327,30 +339,37 @@ func Rebuild(dir string, opts *Options) (int, error) {
 	if err := syncDir(dir); err != nil {
 		return 0, fmt.Errorf("rebuild: %w", err)
 	}
+	if err := writeMark(dir, mark{id: cur.id, gen: next}); err != nil {
+		return 0, fmt.Errorf("rebuild: %w", err)
+	}
 	return n, nil
 }
 
 // buildIndex indexes every log of dir into a new bbolt file at path, with
 // every row unresolved or expired, and fsyncs it.
-func buildIndex(dir, path string, o Options) (int, error) {
+func buildIndex(dir, path, id string, gen uint64, o Options) (int, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		return 0, err
 	}
-	n, err := fillIndex(dir, db, o)
+	n, err := fillIndex(dir, db, id, o)
+	if err == nil {
+		err = setGen(db, gen)
+	}
 	if cerr := db.Close(); err == nil {
 		err = cerr
 	}
 	return n, err
 }
 
-func fillIndex(dir string, db *bolt.DB, o Options) (int, error) {
+func fillIndex(dir string, db *bolt.DB, id string, o Options) (int, error) {
 	o.Registerer = nil // the metrics of a store that never opens
 	q := &Queue{
 		dir:      dir,
 		opts:     o,
 		log:      o.Logger,
 		rebuild:  true,
+		carryID:  id,
 		inflight: map[string]struct{}{},
 		known:    map[string][]*prepared{},
 		cache:    newEnvCache(1),
@@ -491,18 +510,36 @@ func compactLocked(dir string) (before, after int64, err error) {
 		return 0, 0, err
 	}
 	defer src.Close()
+	cur, err := indexMark(src)
+	if err != nil {
+		return 0, 0, err
+	}
+	next := cur.gen + 1
 	tmp := path + ".compact.tmp"
-	if err := compactInto(src, tmp); err != nil {
+	if err := compactInto(src, tmp, next); err != nil {
 		return 0, 0, err
 	}
 	if fi, err := os.Stat(path); err == nil {
 		before = fi.Size()
+	}
+	// Whichever file a kill leaves at index.db, the mark accepts it (an
+	// index of an older outbox, without identity, has no mark yet).
+	marked := cur.id != ""
+	if marked {
+		if err := writeMark(dir, swapMark(cur, next)); err != nil {
+			return 0, 0, err
+		}
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return 0, 0, err
 	}
 	if err := syncDir(dir); err != nil {
 		return 0, 0, err
+	}
+	if marked {
+		if err := writeMark(dir, mark{id: cur.id, gen: next}); err != nil {
+			return 0, 0, err
+		}
 	}
 	if fi, err := os.Stat(path); err == nil {
 		after = fi.Size()
@@ -515,7 +552,7 @@ func compactLocked(dir string) (before, after int64, err error) {
 // tmp, fsynced and closed. A file or link already at tmp is removed
 // first, and the new one is created exclusively, never through a link.
 // On failure tmp is removed.
-func compactInto(src *bolt.DB, tmp string) error {
+func compactInto(src *bolt.DB, tmp string, gen uint64) error {
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("compact: %w", err)
 	}
@@ -529,6 +566,9 @@ func compactInto(src *bolt.DB, tmp string) error {
 		return fmt.Errorf("compact: %w", err)
 	}
 	err = bolt.Compact(dst, src, 64<<20)
+	if err == nil {
+		err = setGen(dst, gen)
+	}
 	if err == nil {
 		err = dst.Sync()
 	}

@@ -54,6 +54,15 @@ type Queue struct {
 	// has open, against a swap (an Erase's rewrite) while it is checked.
 	indexMu   sync.Mutex
 	indexFile os.FileInfo
+	// The index's identity (MarkFile): its id; the id a rebuilt index
+	// takes (carryID, Rebuild's); the mark file, and the last transaction
+	// id the writer committed (writer only).
+	markID    string
+	markGen   uint64
+	carryID   string
+	markF     *os.File
+	lastTx    uint64
+	durableTx uint64 // the txid in the mark
 
 	// beforeCommit, set only by tests, runs inside every write transaction
 	// after its ops: an error fails the transaction (a full disk, an I/O
@@ -234,6 +243,10 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		db.Close()
 		return nil, pointAtDoctor(dir, err)
 	}
+	if err := q.openMark(fresh); err != nil {
+		db.Close()
+		return nil, err
+	}
 	// The journal's facts before the logs': an envelope appended while
 	// the store was closed is judged by the consent it has now.
 	if err := q.openJournal(); err != nil {
@@ -340,7 +353,7 @@ func (q *Queue) init() (err error) {
 		} else if n := beUint64(v); n != layoutVersion {
 			return fmt.Errorf("open store: index layout version %d, this outbox reads %d", n, layoutVersion)
 		}
-		return nil
+		return ensureIdentity(tx, q.carryID)
 	})
 }
 
@@ -359,6 +372,9 @@ func (q *Queue) Close() error {
 		close(q.stop)
 		q.wg.Wait()
 		q.app.Close()
+		if q.markF != nil {
+			_ = q.markF.Close()
+		}
 		removePID(q.dir)
 		if q.damageErr() == nil {
 			err = q.db.Load().Close()
@@ -394,7 +410,9 @@ func (q *Queue) writeLoop() {
 	unsynced := false
 	defer func() {
 		if unsynced && !q.opts.NoSync && q.damageErr() == nil {
-			_ = q.db.Load().Sync()
+			if q.db.Load().Sync() == nil {
+				q.markDurable()
+			}
 		}
 	}()
 	for {
@@ -402,7 +420,9 @@ func (q *Queue) writeLoop() {
 		select {
 		case <-syncTimer.C:
 			if unsynced && !q.opts.NoSync {
-				_ = q.db.Load().Sync()
+				if q.db.Load().Sync() == nil {
+					q.markDurable()
+				}
 			}
 			unsynced = false
 			continue
@@ -441,6 +461,7 @@ func (q *Queue) writeLoop() {
 		db := q.db.Load()
 		db.NoSync = q.opts.NoSync || skipSync
 		q.txDelta = map[countKey]int{}
+		var txid uint64
 		err := q.guard(func() error {
 			// A damaged index that the check at Open let through fails the
 			// transaction (rolled back) and the store, not the process.
@@ -460,12 +481,18 @@ func (q *Queue) writeLoop() {
 					return err
 				}
 				if hook := q.beforeCommit.Load(); hook != nil {
-					return (*hook)()
+					if err := (*hook)(); err != nil {
+						return err
+					}
 				}
+				txid = uint64(tx.ID())
 				return nil
 			})
 		})
 		q.journalDone(err)
+		if err == nil {
+			q.lastTx = txid
+		}
 		if err == nil {
 			q.applyDelta(q.txDelta)
 		}
@@ -485,6 +512,7 @@ func (q *Queue) writeLoop() {
 		case !skipSync:
 			unsynced = false
 			syncTimer.Stop()
+			q.markDurable()
 		case !unsynced:
 			unsynced = true
 			syncTimer.Reset(syncDelay)

@@ -51,7 +51,8 @@ func (q *Queue) rewriteIndex() error {
 	old := q.db.Load()
 	path := q.indexPath()
 	tmp := path + ".compact.tmp"
-	if err := compactInto(old, tmp); err != nil {
+	next := q.markGen + 1
+	if err := compactInto(old, tmp, next); err != nil {
 		return fmt.Errorf("erase: rewrite the index: %w", err)
 	}
 	// Opened before the rename: once index.db is the new file, the store
@@ -61,6 +62,14 @@ func (q *Queue) rewriteIndex() error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("erase: open the rewritten index: %w", err)
 	}
+	nm, err := indexMark(ndb)
+	if err != nil {
+		ndb.Close()
+		_ = os.Remove(tmp)
+		return fmt.Errorf("erase: read the rewritten index: %w", err)
+	}
+	// Whichever file a crash leaves at index.db, the mark accepts it.
+	q.writeMarkF(swapMark(mark{id: q.markID, gen: q.markGen, txid: q.durableTx}, next))
 	q.indexMu.Lock()
 	if err := os.Rename(tmp, path); err != nil {
 		q.indexMu.Unlock()
@@ -71,6 +80,8 @@ func (q *Queue) rewriteIndex() error {
 	q.db.Store(ndb)
 	q.indexFile, _ = os.Stat(path)
 	q.indexMu.Unlock()
+	q.markGen, q.lastTx = next, nm.txid // compactInto synced it
+	q.markDurable()
 	q.wg.Add(1)
 	go func() {
 		// Waits for the reads that began on the old file.
