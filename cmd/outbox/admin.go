@@ -42,6 +42,11 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		return fail(e, "no data directory %s", *data)
 	}
 	sockUp := socketUp(*data)
+	if *rebuild && !sockUp {
+		if err := checkOwner(*data); err != nil {
+			return fail(e, "%v", err)
+		}
+	}
 	idx := filepath.Join(*data, filestore.IndexFile)
 	fi, statErr := os.Stat(idx)
 	var rep *filestore.Report
@@ -51,6 +56,9 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		// would do is index the records as new work, not rebuild them as
 		// rows of unknown fate.
 		fmt.Fprintln(e.Stdout, "no index yet (the store was never opened): indexing the logs' records as new work, as outbox serve does")
+		if err := checkOwner(*data); err != nil {
+			return fail(e, "%v", err)
+		}
 		q, err := filestore.Open(*data, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
 		if err != nil {
 			return fail(e, "%v", err)
@@ -86,6 +94,9 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 			why = "the index cannot be read (" + rep.Problems[0] + ")"
 		}
 		fmt.Fprintf(e.Stdout, "rebuilding the index from the logs and the consent journal: %s\n", why)
+		if err := checkOwner(*data); err != nil {
+			return fail(e, "%v", err)
+		}
 		n, err := filestore.Rebuild(*data, nil)
 		if err != nil {
 			return fail(e, "rebuild: %v", err)
@@ -167,6 +178,9 @@ func runCompact(ctx context.Context, e *env, args []string) int {
 		}
 		fmt.Fprintf(e.Stdout, "pruned %d envelopes (outbox serve is running: stop it to compact the index file)\n", n)
 		return exitOK
+	}
+	if err := checkOwner(*data); err != nil {
+		return fail(e, "%v", err)
 	}
 	// One lock from the prune to the swap of the compacted file: a serve
 	// starting meanwhile fails with "in use" instead of opening the old

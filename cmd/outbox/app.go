@@ -90,6 +90,9 @@ func buildApp(e *env, c appConfig) (*app, error) {
 		return nil, err
 	}
 
+	if err := checkOwner(c.Data); err != nil {
+		return fail(err)
+	}
 	key, err := httpapi.LoadOrCreateKey(c.Data)
 	if err != nil {
 		return fail(fmt.Errorf("unsubscribe key: %w", err))

@@ -118,6 +118,9 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 		}
 		return printEnqueued(e, *js, out, all, at)
 	}
+	if err := checkOwner(*data); err != nil {
+		return refuse("%v: nothing was stored", err)
+	}
 	known, err := filestore.Known(*data, keys)
 	if errors.Is(err, filestore.ErrStoreBusy) {
 		known = nil // serve has the store: it dedupes when it indexes

@@ -316,6 +316,9 @@ func openBackend(dir string) (backend, func(), error) {
 		}
 		// Only appended to: opening indexes the records as new work.
 	}
+	if err := checkOwner(dir); err != nil {
+		return nil, nil, err
+	}
 	q, err := filestore.Open(dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
 	if err != nil {
 		return nil, nil, err

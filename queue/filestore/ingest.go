@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -493,6 +494,9 @@ func (q *Queue) listLogs() ([]string, error) {
 		}
 		files, err := os.ReadDir(filepath.Join(root, t.Name()))
 		if err != nil {
+			if errors.Is(err, fs.ErrPermission) {
+				q.reportUnreadable(filepath.Join(applog.Dir, t.Name()))
+			}
 			continue
 		}
 		for _, f := range files {
@@ -553,6 +557,10 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known knownFunc, mine *prepared
 			q.reportLink(rel, err)
 			return nil
 		}
+		if errors.Is(err, fs.ErrPermission) {
+			q.reportUnreadable(rel)
+			return nil
+		}
 		return fmt.Errorf("stat log: %w", err)
 	}
 	switch {
@@ -592,6 +600,12 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known knownFunc, mine *prepared
 		if errors.Is(err, ErrSymlink) {
 			// Its tenant directory is a link (caught when it is opened).
 			q.reportLink(rel, err)
+			return nil
+		}
+		if errors.Is(err, fs.ErrPermission) && pos == off {
+			// Nothing of it read: skipped, and reported, without failing
+			// the other logs' catch-up.
+			q.reportUnreadable(rel)
 			return nil
 		}
 		if err != nil {

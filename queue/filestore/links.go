@@ -37,6 +37,17 @@ func (q *Queue) reportLink(rel string, err error) {
 		"operation", "ingest", "status", "refused")
 }
 
+// reportUnreadable logs, once per path, a log or tenant directory this
+// process may not read (another user's: a command run as root that created
+// it, mode 0600). It is skipped; the other logs are indexed as usual.
+func (q *Queue) reportUnreadable(rel string) {
+	if _, seen := q.unreadable.LoadOrStore(rel, true); seen || q.log == nil {
+		return
+	}
+	q.log.Warn("a log or tenant directory cannot be read (permission denied: another user's file?): its records are not indexed until it belongs to the store's user again (chown it, then outbox serve or doctor indexes it)",
+		"operation", "ingest", "status", "unreadable")
+}
+
 // isLink reports whether a directory entry is a symbolic link.
 func isLink(e os.DirEntry) bool { return e.Type()&os.ModeSymlink != 0 }
 

@@ -95,7 +95,8 @@ type Queue struct {
 	wg        sync.WaitGroup
 	tail      *tailer
 	ready     chan struct{}
-	links     sync.Map // rel → true: symbolic links reported (links.go)
+	links      sync.Map // rel → true: symbolic links reported (links.go)
+	unreadable sync.Map // rel → true: unreadable logs reported (links.go)
 }
 
 var _ queue.Store = (*Queue)(nil)

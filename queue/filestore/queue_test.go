@@ -70,6 +70,20 @@ func runChild(mode, dir, arg string) int {
 			return 1
 		}
 		return 3 // never killed
+	case "open-count": // open, print how many envelopes are pending, close
+		q, err := filestore.Open(dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer q.Close()
+		c, err := q.Counts(context.Background(), "")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Println(c.Total(envelope.StatePending))
+		return 0
 	case "index-cut": // arg: "read" or "write", the first call after index.db is emptied
 		return indexCut(dir, arg)
 	case "enqueue-loop": // enqueue until killed; print each acknowledged id

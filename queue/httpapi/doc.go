@@ -53,7 +53,8 @@
 // echo request content, ids, addresses or provider text. A store that
 // cannot write says why: a full disk or used-up quota (ENOSPC, EDQUOT) is
 // 507 storage_full, a read-only file system (EROFS) 503 storage_read_only,
-// both logged with their code. Other unexpected errors become 500
+// a file it may not open (EACCES, EPERM) 503 storage_permission_denied,
+// each logged with its code. Other unexpected errors become 500
 // internal_error, logged with their Go type only.
 //
 // # The seam

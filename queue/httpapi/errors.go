@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"syscall"
 
@@ -13,24 +14,25 @@ import (
 
 // Stable error codes of the JSON error body.
 const (
-	CodeBadJSON           = "bad_json"               // the body is not the JSON the route expects
-	CodeBadRequest        = "bad_request"            // a parameter or field is missing or invalid
-	CodeInvalidEnvelope   = "invalid_envelope"       // an envelope breaks the contract (problems list them)
-	CodeConsentDenied     = "consent_denied"         // current consent refuses an envelope (problems say why)
-	CodeExpired           = "envelope_expired"       // 422: an envelope is already past its expires_at
-	CodeUnauthorized      = "unauthorized"           // missing or wrong credentials
-	CodeNotFound          = "not_found"              // no such envelope, subscription, resource or route
-	CodeMethodNotAllowed  = "method_not_allowed"     // the route exists for other methods (Allow lists them)
-	CodeInvalidTransition = "invalid_transition"     // the operator action does not apply to the current state
-	CodeStaleFence        = "stale_fence"            // the fence given no longer holds the envelope
-	CodeLeaseLost         = "lease_lost"             // this process holds no lease on the envelope: fetch /pending again
-	CodeBodyTooLarge      = "body_too_large"         // the body exceeds Config.MaxBody
-	CodeUnsupportedMedia  = "unsupported_media_type" // the body must be application/json
-	CodeUnavailable       = "unavailable"            // the store is closed or unreachable, or the request was cancelled
-	CodeOverloaded        = "overloaded"             // too many request bodies in flight (Config.MaxInflight): retry after Retry-After
-	CodeStorageFull       = "storage_full"           // 507: the store's file system is full (ENOSPC, EDQUOT)
-	CodeStorageReadOnly   = "storage_read_only"      // 503: the store's file system is read-only (EROFS)
-	CodeInternal          = "internal_error"         // anything unexpected (details are never returned)
+	CodeBadJSON           = "bad_json"                  // the body is not the JSON the route expects
+	CodeBadRequest        = "bad_request"               // a parameter or field is missing or invalid
+	CodeInvalidEnvelope   = "invalid_envelope"          // an envelope breaks the contract (problems list them)
+	CodeConsentDenied     = "consent_denied"            // current consent refuses an envelope (problems say why)
+	CodeExpired           = "envelope_expired"          // 422: an envelope is already past its expires_at
+	CodeUnauthorized      = "unauthorized"              // missing or wrong credentials
+	CodeNotFound          = "not_found"                 // no such envelope, subscription, resource or route
+	CodeMethodNotAllowed  = "method_not_allowed"        // the route exists for other methods (Allow lists them)
+	CodeInvalidTransition = "invalid_transition"        // the operator action does not apply to the current state
+	CodeStaleFence        = "stale_fence"               // the fence given no longer holds the envelope
+	CodeLeaseLost         = "lease_lost"                // this process holds no lease on the envelope: fetch /pending again
+	CodeBodyTooLarge      = "body_too_large"            // the body exceeds Config.MaxBody
+	CodeUnsupportedMedia  = "unsupported_media_type"    // the body must be application/json
+	CodeUnavailable       = "unavailable"               // the store is closed or unreachable, or the request was cancelled
+	CodeOverloaded        = "overloaded"                // too many request bodies in flight (Config.MaxInflight): retry after Retry-After
+	CodeStorageFull       = "storage_full"              // 507: the store's file system is full (ENOSPC, EDQUOT)
+	CodeStorageReadOnly   = "storage_read_only"         // 503: the store's file system is read-only (EROFS)
+	CodeStorageDenied     = "storage_permission_denied" // 503: the store may not open one of its files (EACCES, EPERM)
+	CodeInternal          = "internal_error"            // anything unexpected (details are never returned)
 )
 
 // Problem is one entry of an error's problems list: which envelope of the
@@ -72,6 +74,7 @@ var (
 	errStorageFull      = newError(http.StatusInsufficientStorage, CodeStorageFull, "storage full: the store's disk has no space left (or its quota is used up); retry once space is freed")
 	errStoreUnavailable = newError(http.StatusServiceUnavailable, CodeUnavailable, "store unavailable: the database cannot be reached; retry later (an enqueue repeated with the same ids is safe: stored ones are answered as duplicates)")
 	errStorageReadOnly  = newError(http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only: the store's file system does not accept writes; retry once it is writable again")
+	errStorageDenied    = newError(http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused: the store may not open one of its files (another user's, in its data directory); retry once the operator gave it back")
 )
 
 // errorFor maps any error to its API error. It is the only place where
@@ -131,6 +134,8 @@ func errorFor(err error) (*apiError, bool) {
 		return errStorageFull, true
 	case errors.Is(err, syscall.EROFS):
 		return errStorageReadOnly, true
+	case errors.Is(err, fs.ErrPermission):
+		return errStorageDenied, true
 	}
 	return newError(http.StatusInternalServerError, CodeInternal, "internal error"), true
 }

@@ -672,7 +672,7 @@ func TestOpenAPI_ResponsesMatchHandlers(t *testing.T) {
 		errno  syscall.Errno
 		status int
 	}{
-		{syscall.ENOSPC, 507}, {syscall.EROFS, 503}, {syscall.EIO, 500},
+		{syscall.ENOSPC, 507}, {syscall.EROFS, 503}, {syscall.EACCES, 503}, {syscall.EIO, 500},
 	} {
 		c.a = fullAPI(t, storageFaultStore{Store: q, err: tc.errno})
 		c.do("POST", "/v1/envelopes", js(digest("d/4", "u_1")), tc.status)

@@ -43,8 +43,9 @@ func (s storageFaultStore) Suppress(ctx context.Context, tenant, userID string, 
 	return s.wrapped()
 }
 
-// A full disk or a read-only file system is answered with what failed
-// (507 storage_full, 503 storage_read_only) instead of internal_error, on
+// A full disk, a read-only file system or a file the store may not open
+// is answered with what failed (507 storage_full, 503 storage_read_only,
+// 503 storage_permission_denied) instead of internal_error, on
 // every route that writes, with a fixed message that holds no path or id,
 // and is logged with its code.
 func TestStorageErrors_SayWhatFailed(t *testing.T) {
@@ -57,6 +58,8 @@ func TestStorageErrors_SayWhatFailed(t *testing.T) {
 		{syscall.ENOSPC, http.StatusInsufficientStorage, CodeStorageFull, "storage full"},
 		{syscall.EDQUOT, http.StatusInsufficientStorage, CodeStorageFull, "storage full"},
 		{syscall.EROFS, http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only"},
+		{syscall.EACCES, http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused"},
+		{syscall.EPERM, http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused"},
 	} {
 		t.Run(tc.errno.Error(), func(t *testing.T) {
 			f := newFixture(t)

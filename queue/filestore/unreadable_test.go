@@ -1,0 +1,82 @@
+package filestore_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/outboxhq/outbox/queue/filestore"
+	"github.com/outboxhq/outbox/queue/queuetest"
+)
+
+// A log or a tenant directory the store's user may not read (created by a
+// command run as root, mode 0600) is skipped and reported, once each; the
+// other logs are indexed as usual. Before, one such log failed every
+// catch-up, and Open with it.
+func TestIngest_UnreadableLogSkipped(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run the store as another user (CI runs as root)")
+	}
+	base, err := os.MkdirTemp("", "unreadable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(base, "filestore.test")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const nobody = 65534
+	dir := filepath.Join(base, "data")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	asNobody := func(mode, arg string) (string, string) {
+		t.Helper()
+		cmd := exec.Command(bin, "-test.run=^$")
+		cmd.Env = append(os.Environ(), "OUTBOX_TEST_CHILD="+mode, "OUTBOX_TEST_DIR="+dir, "OUTBOX_TEST_ARG="+arg)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("%s as nobody: %v\n%s", mode, err, errb.String())
+		}
+		return strings.TrimSpace(out.String()), errb.String()
+	}
+	asNobody("append", "a:2:2")
+	if n, _ := asNobody("open-count", ""); n != "2" {
+		t.Fatalf("pending = %s, want 2", n)
+	}
+	// As root: a log in the store's tenant directory, and a new tenant
+	// directory, both root's and unreadable by the store's user.
+	if err := filestore.Append(dir, queuetest.Reply("root-1", "u-root", "hi")); err != nil {
+		t.Fatal(err)
+	}
+	other := queuetest.Reply("root-2", "u-root", "hi")
+	other.TenantID = "acme"
+	if err := filestore.Append(dir, other); err != nil {
+		t.Fatal(err)
+	}
+	asNobody("append", "b:2:2") // the store's user appends on
+	n, logs := asNobody("open-count", "")
+	if n != "4" {
+		t.Errorf("pending = %s, want 4 (the readable logs' records)", n)
+	}
+	if got := strings.Count(logs, "cannot be read (permission denied"); got != 2 {
+		t.Errorf("%d warnings about unreadable logs, want 2 (the log and the tenant directory):\n%s", got, logs)
+	}
+}
