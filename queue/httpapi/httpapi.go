@@ -101,6 +101,7 @@ type api struct {
 	leases   *leaseCache
 	inflight inflight // the bytes of request bodies in flight
 	served   []route  // what routes registered, in order (the OpenAPI tests read it)
+	doc      []byte   // GET /openapi.json: the description of what is served
 }
 
 // route is one registered pattern and who may call it.
@@ -156,6 +157,9 @@ func newAPI(cfg Config) (*api, error) {
 		a.tokenMAC = a.macToken(cfg.Token)
 	}
 	a.routes()
+	if a.doc, err = tailor(openAPI, a.served); err != nil {
+		return nil, fmt.Errorf("httpapi: the OpenAPI description: %w", err)
+	}
 	return a, nil
 }
 

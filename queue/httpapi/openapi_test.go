@@ -3,12 +3,14 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"log/slog"
 	"mime"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"reflect"
@@ -693,5 +695,84 @@ func TestOpenAPI_ResponsesMatchHandlers(t *testing.T) {
 		if !c.ok[p] {
 			t.Errorf("no request of this test answered %s with 2xx", p)
 		}
+	}
+}
+
+// GET /openapi.json describes what this handler serves: no operation it
+// does not register (without a token, no /v1 and /internal; without an
+// unsubscriber or a VAPID key, not their routes), and the push routes
+// behind Config.User without the bearer token. The document stays a valid
+// OpenAPI 3.1 document.
+func TestOpenAPI_DescribesWhatIsServed(t *testing.T) {
+	user := func(c *Config) {
+		c.User = func(*http.Request) (string, string, error) { return "default", "u_1", nil }
+	}
+	for _, tc := range []struct {
+		name string
+		mut  []func(*Config)
+	}{
+		{"token and app sign-in", []func(*Config){user}},
+		{"app sign-in only", []func(*Config){user, func(c *Config) { c.Token, c.Unsub, c.VAPIDPublicKey = "", nil, "" }}},
+		{"token only", []func(*Config){func(c *Config) { c.Unsub, c.VAPIDPublicKey = nil, "" }}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := fullAPI(t, memstore.New(nil), tc.mut...)
+			w := httptest.NewRecorder()
+			a.mux.ServeHTTP(w, httptest.NewRequest("GET", "/openapi.json", nil))
+			var root map[string]any
+			if err := json.Unmarshal(w.Body.Bytes(), &root); err != nil {
+				t.Fatalf("GET /openapi.json: %d %v", w.Code, err)
+			}
+			d := &oaDoc{root: root}
+			ops := d.operations()
+			served := map[string]access{}
+			for _, r := range a.served {
+				if r.pattern != "/" {
+					served[r.pattern] = r.access
+				}
+			}
+			if len(ops) != len(served) {
+				t.Errorf("%d operations described, %d routes served", len(ops), len(served))
+			}
+			bearer := []any{map[string]any{"bearerAuth": []any{}}}
+			for p, acc := range served {
+				ptr, ok := ops[p]
+				if !ok {
+					t.Errorf("%s is served, not described", p)
+					continue
+				}
+				parts := strings.Split(strings.TrimPrefix(ptr, "#/paths/"), "/")
+				path := strings.ReplaceAll(strings.ReplaceAll(parts[0], "~1", "/"), "~0", "~")
+				op := root["paths"].(map[string]any)[path].(map[string]any)[parts[1]].(map[string]any)
+				sec, own := op["security"]
+				if !own {
+					sec = root["security"]
+				}
+				if want := map[access]any{public: []any{}, tokenOnly: bearer}[acc]; !reflect.DeepEqual(sec, want) {
+					t.Errorf("%s: security %v, want %v", p, sec, want)
+				}
+				if strings.Contains(p, "/push/subscribe") && a.cfg.User != nil && !strings.Contains(fmt.Sprint(op["description"]), "own sign-in") {
+					t.Errorf("%s behind Config.User does not say how it is authenticated: %v", p, op["description"])
+				}
+			}
+			raw, err := os.ReadFile(oasSchemaFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			oas, _ := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+			c := jsonschema.NewCompiler()
+			const oasID = "https://spec.openapis.org/oas/3.1/schema/2022-10-07"
+			if err := c.AddResource(oasID, oas); err != nil {
+				t.Fatal(err)
+			}
+			sch, err := c.Compile(oasID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			inst, _ := jsonschema.UnmarshalJSON(bytes.NewReader(w.Body.Bytes()))
+			if err := sch.Validate(inst); err != nil {
+				t.Errorf("the tailored description is not a valid OpenAPI 3.1 document: %v", err)
+			}
+		})
 	}
 }
