@@ -69,6 +69,30 @@ type flagSpec struct {
 
 var completionWord = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
 
+// leadWords reads the words a command's first argument may be from its
+// usage line: "show|set|lift USER …" or "list | add ADDRESS … | lift …";
+// none when it starts with a placeholder (ID, USER).
+func leadWords(usage string) []string {
+	first, _, _ := strings.Cut(usage, " ")
+	alts := strings.Split(first, "|")
+	if len(alts) == 1 {
+		alts = nil
+		for _, part := range strings.Split(usage, " | ") {
+			w, _, _ := strings.Cut(strings.TrimSpace(part), " ")
+			alts = append(alts, w)
+		}
+	}
+	if len(alts) < 2 {
+		return nil
+	}
+	for _, w := range alts {
+		if !completionWord.MatchString(w) {
+			return nil
+		}
+	}
+	return alts
+}
+
 // commandSpecs lists every command of the table with the flags its own
 // flag set defines, then the builtins.
 func commandSpecs() ([]cmdSpec, error) {
@@ -98,6 +122,7 @@ func commandSpecs() ([]cmdSpec, error) {
 		if bad != nil {
 			return nil, bad
 		}
+		s.Words = commands[n].Words
 		if n == "completion" {
 			s.Words = completionShells
 		}

@@ -76,6 +76,10 @@ func TestCompletion_BashCompletes(t *testing.T) {
 		{"outbox serve --addr=127", nil},            // likewise
 		{"outbox help ser", []string{"serve"}},      // help's argument is a command
 		{"outbox completion ", []string{"bash", "zsh"}},
+		{"outbox consent ", []string{"show", "set", "lift"}},
+		{"outbox consent s", []string{"show", "set"}},
+		{"outbox suppressions l", []string{"list", "lift"}},
+		{"outbox consent show ", nil}, // the user: nothing to offer
 		{"outbox validate ", nil}, // files
 		{"outbox nosuch --", nil},
 	} {

@@ -47,6 +47,9 @@ type command struct {
 	// Run executes the command with its arguments (without the command
 	// name) and returns the process exit code.
 	Run func(ctx context.Context, e *env, args []string) int
+	// Words are the words its first argument may be (consent show|set|lift),
+	// for completion.
+	Words []string
 }
 
 var commands = map[string]*command{}

@@ -328,7 +328,7 @@ func openBackend(dir string) (backend, func(), error) {
 
 // opCommand builds the common shape: flags, then a backend.
 func opCommand(name, short, usage string, fn func(ctx context.Context, e *env, b backend, tenant string, json bool, args []string) int, extra func(s *settings)) *command {
-	return &command{Name: name, Short: short, Run: func(ctx context.Context, e *env, args []string) int {
+	return &command{Name: name, Short: short, Words: leadWords(usage), Run: func(ctx context.Context, e *env, args []string) int {
 		s := newSettings(name, e)
 		s.usage("Usage: outbox " + name + " " + usage + "\n\nWorks through a running outbox serve (its operator socket) or on the store directly;\nwith --database-url on the PostgreSQL store directly, serve running or not.\n\nFlags:\n")
 		data := dataFlag(s)
