@@ -111,7 +111,7 @@ func TestDrill_Faults(t *testing.T) {
 
 // faultKinds are the faults the drill applies.
 var faultKinds = []string{
-	"kill-serve", "kill-rebuild", "kill-compact",
+	"kill-serve", "pause-serve", "kill-rebuild", "kill-compact",
 	"index-deleted", "index-emptied", "index-scrambled", "index-restored",
 	"log-deleted", "log-truncated", "log-replaced",
 	"disk-full", "second-serve", "concurrent-compact",
@@ -698,6 +698,17 @@ func (dr *faultDrill) apply(kind string) string {
 	case "kill-serve":
 		dr.killServe()
 		return "SIGKILL; " + dr.up()
+	case "pause-serve":
+		// A stalled host or a suspended VM: serve stopped (SIGSTOP) for
+		// longer than its leases, then resumed; it goes on by itself.
+		if dr.d == nil {
+			return "serve not running; " + dr.up()
+		}
+		pause := time.Duration(1200+dr.rng.IntN(1000)) * time.Millisecond
+		_ = dr.d.cmd.Process.Signal(syscall.SIGSTOP)
+		time.Sleep(pause)
+		_ = dr.d.cmd.Process.Signal(syscall.SIGCONT)
+		return fmt.Sprintf("SIGSTOP for %v, SIGCONT", pause.Round(time.Millisecond))
 	case "kill-rebuild":
 		dr.stopServe()
 		what := dr.killDuring(&dr.rebuildTook, "doctor", "--rebuild", "--data", dr.data)
