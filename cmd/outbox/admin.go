@@ -91,7 +91,7 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		case errors.Is(statErr, os.ErrNotExist):
 			why = "the index file is missing"
 		case broken:
-			why = "the index cannot be read (" + rep.Problems[0] + ")"
+			why = "the index cannot be used (" + rep.Problems[0] + ")"
 		}
 		fmt.Fprintf(e.Stdout, "rebuilding the index from the logs and the consent journal: %s\n", why)
 		if err := checkOwner(*data); err != nil {

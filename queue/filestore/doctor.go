@@ -70,6 +70,13 @@ func Check(dir string) (*Report, error) {
 		return &Report{Problems: []string{"index cannot be opened: " + err.Error()}}, nil
 	}
 	defer db.Close()
+	// An index Open would refuse as another's or an older one's.
+	if m, err := indexMark(db); err == nil {
+		var se *StaleIndexError
+		if err := checkMark(dir, m, false); errors.As(err, &se) {
+			return &Report{Problems: []string{"index is " + se.Reason}}, nil
+		}
+	}
 	return checkDB(db, dir)
 }
 

@@ -90,6 +90,9 @@ func TestOpen_RefusesAnIndexRestoredFromABackup(t *testing.T) {
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), "older than the one this store last used") || !strings.Contains(err.Error(), "outbox doctor --rebuild") {
 		t.Fatalf("Open of a restored index = %v, want a *StaleIndexError naming outbox doctor --rebuild", err)
 	}
+	if rep, err := filestore.Check(dir); err != nil || rep.OK() || !strings.HasPrefix(rep.Problems[0], "index is older than the one this store last used") {
+		t.Errorf("Check of a restored index = %+v, %v; want it reported, as Open refuses it", rep, err)
+	}
 	if _, err := filestore.Rebuild(dir, nil); err != nil {
 		t.Fatal(err)
 	}
