@@ -207,9 +207,10 @@ var (
 	// apply to the envelope's current state.
 	ErrInvalidTransition = errors.New("queue: invalid transition")
 	// ErrUnavailable is what a store's error matches (errors.Is) when the
-	// store cannot be reached: its database server is down or the
-	// connection to it was lost. A write either took effect whole or not
-	// at all; an enqueue may be retried (duplicates are reported).
+	// store cannot serve calls: its database server is down or the
+	// connection to it was lost, or a file store's index was damaged under
+	// it. A write either took effect whole or not at all; an enqueue may be
+	// retried (duplicates are reported).
 	ErrUnavailable = errors.New("queue: the store is unavailable")
 	// ErrNotFound is envelope.ErrNotFound.
 	ErrNotFound = envelope.ErrNotFound

@@ -160,8 +160,8 @@ func TestIndexRemovedUnderRunningStore(t *testing.T) {
 			if err := q.DamageError(); !errors.As(err, &ce) || ce.Reason != reason || !strings.Contains(err.Error(), "outbox doctor --rebuild") {
 				t.Fatalf("DamageError = %v, want %q", err, reason)
 			}
-			if _, err := q.Enqueue(ctx, queuetest.Reply("late", "u-1", "hi")); !errors.As(err, &ce) {
-				t.Errorf("Enqueue after the index was %s = %v, want the damage", fault, err)
+			if _, err := q.Enqueue(ctx, queuetest.Reply("late", "u-1", "hi")); !errors.As(err, &ce) || !errors.Is(err, queue.ErrUnavailable) {
+				t.Errorf("Enqueue after the index was %s = %v, want the damage, as queue.ErrUnavailable (503)", fault, err)
 			}
 			if _, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute}); !errors.As(err, &ce) {
 				t.Errorf("Claim after the index was %s = %v, want the damage", fault, err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime/debug"
 
+	"github.com/outboxhq/outbox/queue"
 	"golang.org/x/sys/unix"
 )
 
@@ -20,6 +21,10 @@ type CorruptIndexError struct {
 	Path   string
 	Reason string
 }
+
+// Is makes a CorruptIndexError queue.ErrUnavailable: the store cannot
+// serve calls until the index is rebuilt (HTTP 503, the worker backs off).
+func (e *CorruptIndexError) Is(target error) bool { return target == queue.ErrUnavailable }
 
 func (e *CorruptIndexError) Error() string {
 	return fmt.Sprintf("the index %s is damaged (%s): run \"outbox doctor --rebuild\" to move it aside and rebuild it from the logs", e.Path, e.Reason)

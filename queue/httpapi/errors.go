@@ -72,7 +72,7 @@ var (
 	// A store that cannot write says why, not internal_error: the
 	// messages name the condition only (no path, no id).
 	errStorageFull      = newError(http.StatusInsufficientStorage, CodeStorageFull, "storage full: the store's disk has no space left (or its quota is used up); retry once space is freed")
-	errStoreUnavailable = newError(http.StatusServiceUnavailable, CodeUnavailable, "store unavailable: the database cannot be reached; retry later (an enqueue repeated with the same ids is safe: stored ones are answered as duplicates)")
+	errStoreUnavailable = newError(http.StatusServiceUnavailable, CodeUnavailable, "store unavailable: the store cannot serve calls now (its database cannot be reached, or its index was damaged under it); retry later (an enqueue repeated with the same ids is safe: stored ones are answered as duplicates)")
 	errStorageReadOnly  = newError(http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only: the store's file system does not accept writes; retry once it is writable again")
 	errStorageDenied    = newError(http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused: the store may not open one of its files (another user's, in its data directory); retry once the operator gave it back")
 )
