@@ -217,6 +217,9 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 	for _, p := range linkProblems(dir) {
 		bad("%s", p)
 	}
+	for _, p := range ownerProblems(dir) {
+		bad("%s", p)
+	}
 	return rep, nil
 }
 

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	"golang.org/x/sys/unix"
@@ -104,6 +106,53 @@ func linkProblems(dir string) []string {
 	var out []string
 	for _, rel := range findLinks(dir) {
 		out = append(out, fmt.Sprintf("%s: a symbolic link, never followed (the records it leads to are not indexed, appends for its user fail); replace it with the real file or directory, or remove it", rel))
+	}
+	return out
+}
+
+// ownerProblems lists the tenant directories and logs that belong to
+// another user than index.db (made by a command run as root, mode 0600:
+// the store's own process cannot read them), or that this process may not
+// read.
+func ownerProblems(dir string) []string {
+	owner := -1
+	if fi, err := os.Stat(filepath.Join(dir, IndexFile)); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			owner = int(st.Uid)
+		}
+	}
+	var out []string
+	check := func(rel string, fi os.FileInfo) {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && owner >= 0 && int(st.Uid) != owner {
+			out = append(out, fmt.Sprintf("%s: belongs to uid %d, not to the store's user (uid %d): serve cannot read it, and its records are not indexed; chown it to the store's user", rel, st.Uid, owner))
+		}
+	}
+	root := filepath.Join(dir, applog.Dir)
+	tenants, err := os.ReadDir(root)
+	if err != nil {
+		return nil
+	}
+	for _, t := range tenants {
+		if !t.IsDir() || isLink(t) {
+			continue
+		}
+		rel := filepath.Join(applog.Dir, t.Name())
+		if fi, err := t.Info(); err == nil {
+			check(rel, fi)
+		}
+		files, err := os.ReadDir(filepath.Join(root, t.Name()))
+		if errors.Is(err, fs.ErrPermission) {
+			out = append(out, rel+": cannot be read by this process (permission denied): its logs are not indexed; chown it to the store's user")
+			continue
+		}
+		for _, f := range files {
+			if f.IsDir() || filepath.Ext(f.Name()) != applog.Ext || isLink(f) {
+				continue
+			}
+			if fi, err := f.Info(); err == nil {
+				check(filepath.Join(rel, f.Name()), fi)
+			}
+		}
 	}
 	return out
 }

@@ -79,4 +79,18 @@ func TestIngest_UnreadableLogSkipped(t *testing.T) {
 	if got := strings.Count(logs, "cannot be read (permission denied"); got != 2 {
 		t.Errorf("%d warnings about unreadable logs, want 2 (the log and the tenant directory):\n%s", got, logs)
 	}
+	// outbox doctor lists them, even run as root (which could read them).
+	rep, err := filestore.Check(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned := 0
+	for _, p := range rep.Problems {
+		if strings.Contains(p, "belongs to uid 0, not to the store's user (uid 65534)") {
+			owned++
+		}
+	}
+	if owned != 3 { // the root log, the root tenant directory and its log
+		t.Errorf("Check lists %d files of another user, want 3: %q", owned, rep.Problems)
+	}
 }
