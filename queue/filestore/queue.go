@@ -252,10 +252,12 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	// the store was closed is judged by the consent it has now.
 	if err := q.openJournal(); err != nil {
 		q.app.Close()
+		q.markF.Close()
 		db.Close()
 		return nil, pointAtDoctor(dir, err)
 	}
 	if err := writePID(dir); err != nil {
+		q.markF.Close()
 		db.Close()
 		return nil, err
 	}
