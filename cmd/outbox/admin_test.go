@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/outboxhq/outbox/queue/httpapi"
 )
 
 func runCmd(t *testing.T, args ...string) (string, string, int) {
@@ -65,6 +67,11 @@ func TestServe_ServerTimeouts(t *testing.T) {
 	}
 	if s.ReadHeaderTimeout > 10*time.Second {
 		t.Fatalf("ReadHeaderTimeout %s is too generous for slow-header clients", s.ReadHeaderTimeout)
+	}
+	// A store that does not answer gets its 503 through (httpapi bounds
+	// the store calls of a request by StoreTimeout).
+	if s.WriteTimeout <= httpapi.DefaultStoreTimeout {
+		t.Fatalf("WriteTimeout %s would cut the API's 503 after %s", s.WriteTimeout, httpapi.DefaultStoreTimeout)
 	}
 }
 

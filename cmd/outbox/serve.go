@@ -348,9 +348,11 @@ func newHTTPServer(h http.Handler) *http.Server {
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
+		// Longer than the API's bound on a request's store calls
+		// (httpapi.DefaultStoreTimeout), so that its 503 reaches the client.
+		WriteTimeout:   httpapi.DefaultStoreTimeout + 20*time.Second,
+		IdleTimeout:    2 * time.Minute,
+		MaxHeaderBytes: 64 << 10,
 	}
 }
 

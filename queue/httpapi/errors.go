@@ -72,7 +72,7 @@ var (
 	// A store that cannot write says why, not internal_error: the
 	// messages name the condition only (no path, no id).
 	errStorageFull      = newError(http.StatusInsufficientStorage, CodeStorageFull, "storage full: the store's disk has no space left (or its quota is used up); retry once space is freed")
-	errStoreUnavailable = newError(http.StatusServiceUnavailable, CodeUnavailable, "store unavailable: the store cannot serve calls now (its database cannot be reached, or its index was damaged under it); retry later (an enqueue repeated with the same ids is safe: stored ones are answered as duplicates)")
+	errStoreUnavailable = newError(http.StatusServiceUnavailable, CodeUnavailable, "store unavailable: the store cannot serve calls now (its database cannot be reached or did not answer in time, or its index was damaged under it); retry later (an enqueue repeated with the same ids is safe: stored ones are answered as duplicates)")
 	errStorageReadOnly  = newError(http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only: the store's file system does not accept writes; retry once it is writable again")
 	errStorageDenied    = newError(http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused: the store may not open one of its files (another user's, in its data directory); retry once the operator gave it back")
 )
@@ -124,11 +124,11 @@ func errorFor(err error) (*apiError, bool) {
 		return errNoLease, false
 	case errors.Is(err, queue.ErrCrossTenant):
 		return badRequest("the envelope belongs to another tenant"), false
-	case errors.Is(err, queue.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return newError(http.StatusServiceUnavailable, CodeUnavailable, "service unavailable"), false
 	case errors.Is(err, queue.ErrUnavailable):
 		// Logged too: the operator has to bring the database back.
 		return errStoreUnavailable, true
+	case errors.Is(err, queue.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return newError(http.StatusServiceUnavailable, CodeUnavailable, "service unavailable"), false
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		// Logged too: the operator has to free space.
 		return errStorageFull, true

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -32,6 +33,9 @@ const (
 	DefaultMaxBody     = 1 << 20
 	DefaultMaxInflight = 16 << 20
 	DefaultSeamLease   = 5 * time.Minute
+	// DefaultStoreTimeout is longer than pgstore's statement_timeout (30 s),
+	// so that a statement the server ends says so first.
+	DefaultStoreTimeout = 40 * time.Second
 	// MinTokenBytes is the shortest Config.Token New accepts.
 	MinTokenBytes = 16
 	// MaxBatch is the most envelopes one POST /v1/envelopes may carry.
@@ -84,6 +88,12 @@ type Config struct {
 	// SeamLease is the lease of GET /internal/outbox/pending (default
 	// DefaultSeamLease, 5 minutes).
 	SeamLease time.Duration
+	// StoreTimeout bounds the store calls of one request (default
+	// DefaultStoreTimeout, 40 s; negative: no bound). A store that does
+	// not answer (a database server stalled or partitioned away, which no
+	// statement_timeout of its own can end) is answered 503 unavailable
+	// instead of holding the request for as long as the client waits.
+	StoreTimeout time.Duration
 	// Ready reports readiness for /readyz (nil: always ready).
 	Ready func() bool
 	// Now returns the current time (default time.Now).
@@ -136,6 +146,9 @@ func newAPI(cfg Config) (*api, error) {
 	}
 	if cfg.SeamLease <= 0 {
 		cfg.SeamLease = DefaultSeamLease
+	}
+	if cfg.StoreTimeout == 0 {
+		cfg.StoreTimeout = DefaultStoreTimeout
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -267,7 +280,15 @@ func (a *api) handle(pattern string, acc access, h handlerFunc) {
 			}
 			defer a.inflight.release(n)
 		}
+		if a.cfg.StoreTimeout > 0 {
+			ctx, cancel := context.WithTimeout(r.Context(), a.cfg.StoreTimeout)
+			defer cancel()
+			r = r.WithContext(ctx)
+		}
 		if err := h(sw, r); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) && r.Context().Err() != nil && !errors.Is(err, queue.ErrUnavailable) {
+				err = fmt.Errorf("%w: %w", queue.ErrUnavailable, err) // the store did not answer in time
+			}
 			a.fail(sw, pattern, rid, err)
 		}
 	}))

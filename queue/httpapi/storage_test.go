@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -96,5 +98,51 @@ func TestStorageErrors_SayWhatFailed(t *testing.T) {
 				t.Errorf("logs hold the path or the user:\n%s", logs)
 			}
 		})
+	}
+}
+
+// stalledStore never answers: every call waits for its context, as a call
+// to a stalled database server does (no statement_timeout of the server's
+// can end it).
+type stalledStore struct{ queue.Store }
+
+func (s stalledStore) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queue.EnqueueResult, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (s stalledStore) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStatus, error) {
+	<-ctx.Done()
+	return nil, fmt.Errorf("get: %w", ctx.Err())
+}
+
+// A store that does not answer is answered 503 unavailable ("store
+// unavailable") once Config.StoreTimeout has passed, and logged, instead
+// of holding the request for as long as the client waits.
+func TestStoreTimeout_StalledStore(t *testing.T) {
+	f := newFixture(t)
+	f.grant("", "u_1")
+	f.cfg.Store = stalledStore{Store: f.q}
+	f.cfg.StoreTimeout = 150 * time.Millisecond
+	f.reopen()
+	for _, r := range []struct{ method, target, body string }{
+		{"POST", "/v1/envelopes", mustJSON(t, digest("d/u_1/1", "u_1"))},
+		{"GET", "/v1/envelopes/d%2Fu_1%2F1", ""},
+	} {
+		answered := make(chan *httptest.ResponseRecorder, 1)
+		go func() { answered <- f.call(r.method, r.target, r.body) }()
+		var w *httptest.ResponseRecorder
+		select {
+		case w = <-answered:
+		case <-time.After(30 * time.Second): // a bound against a hang, not a speed claim
+			t.Fatalf("%s %s: no answer 30 s into a store that never answers", r.method, r.target)
+		}
+		e := wantError(t, w, http.StatusServiceUnavailable, CodeUnavailable)
+		if !strings.Contains(e.Error.Message, "store unavailable") || !strings.Contains(e.Error.Message, "did not answer in time") {
+			t.Errorf("%s %s: message %q", r.method, r.target, e.Error.Message)
+		}
+	}
+	if !strings.Contains(f.logs.String(), "code=unavailable") {
+		t.Errorf("the timeouts are not logged:\n%s", f.logs.String())
 	}
 }
