@@ -27,7 +27,8 @@ its problems are printed (FILE:LINE: path: rule), nothing is appended and
 the exit code is 1.
 
 Prints "queued TENANT/ID" per envelope, or "duplicate TENANT/ID" when the
-store is readable (outbox serve not running) and already has it.
+store already has it (asked through the running outbox serve's socket
+when there is one).
 
 With --json it prints one JSON object on stdout instead, and the same exit
 code: validate --json's (outbox help validate) with each envelope's status,
@@ -123,7 +124,11 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 	}
 	known, err := filestore.Known(*data, keys)
 	if errors.Is(err, filestore.ErrStoreBusy) {
-		known = nil // serve has the store: it dedupes when it indexes
+		// serve has the store: ask it (it dedupes when it indexes anyway,
+		// but the answer, and the log, should not say queued twice).
+		if known, err = knownByServe(ctx, *data, keys); err != nil {
+			return refuse("ask the running serve which envelopes it has: %v", err)
+		}
 	} else if err != nil {
 		return refuse("read the index: %v", err)
 	}
@@ -159,6 +164,30 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 		out.Envelopes[at[i]].Status = enqueueQueued
 	}
 	return printEnqueued(e, *js, out, all, at)
+}
+
+// knownByServe reports which of keys the serve running on dir has, through
+// its operator socket (none when no serve answers there).
+func knownByServe(ctx context.Context, dir string, keys []envelope.Key) (map[envelope.Key]bool, error) {
+	if !socketUp(dir) {
+		return nil, nil
+	}
+	b, closeFn, err := openBackend(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFn()
+	known := map[envelope.Key]bool{}
+	for _, k := range keys {
+		_, err := b.Get(ctx, k.Tenant, k.EnvelopeID)
+		switch {
+		case err == nil:
+			known[k] = true
+		case !errors.Is(err, queue.ErrNotFound):
+			return nil, err
+		}
+	}
+	return known, nil
 }
 
 // printEnqueued prints each envelope's status (or, with js, the result).

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -85,5 +87,36 @@ func TestServe_HangupStopsCleanly(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not stop on SIGHUP")
+	}
+}
+
+// outbox enqueue beside a running serve asks it which envelopes it has:
+// an id serve already has is reported duplicate and not appended again
+// (before, it printed queued and appended a second record).
+func TestEnqueue_BesideServeReportsDuplicates(t *testing.T) {
+	bin := buildBinary(t)
+	data := t.TempDir()
+	d, out, _ := launchServe(t, bin, data, nil)
+	if d == nil {
+		t.Fatalf("serve:\n%s", out)
+	}
+	defer d.stop(t)
+	file := writeTemp(t, "e.json", string(replyJSON("beside-1", "u1")))
+	if out, code := outbox(t, bin, "enqueue", "--data", data, file); code != 0 || !strings.Contains(out, "queued default/beside-1") {
+		t.Fatalf("first enqueue = %d %s", code, out)
+	}
+	eventually(t, "serve indexed it", func() bool {
+		out, code := outbox(t, bin, "show", "beside-1", "--data", data)
+		return code == 0 && strings.Contains(out, "default/beside-1")
+	})
+	if out, code := outbox(t, bin, "enqueue", "--data", data, file); code != 0 || !strings.Contains(out, "duplicate default/beside-1") {
+		t.Fatalf("second enqueue = %d %s", code, out)
+	}
+	logs, _ := filepath.Glob(filepath.Join(data, "logs", "*", "*.jsonl"))
+	if len(logs) != 1 {
+		t.Fatalf("logs %v", logs)
+	}
+	if b, err := os.ReadFile(logs[0]); err != nil || bytes.Count(b, []byte("\n")) != 1 {
+		t.Errorf("the log holds %d records, want 1 (%v)", bytes.Count(b, []byte("\n")), err)
 	}
 }
