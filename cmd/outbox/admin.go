@@ -99,7 +99,7 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		}
 		n, err := filestore.Rebuild(*data, nil)
 		if err != nil {
-			return fail(e, "rebuild: %v", err)
+			return fail(e, "%v", err)
 		}
 		fmt.Fprintf(e.Stdout, "rebuilt: %d envelopes indexed; rows of unknown fate are unresolved (outbox ls --state unresolved)\n", n)
 		if rep, err = filestore.Check(*data); err != nil {

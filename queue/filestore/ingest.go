@@ -474,7 +474,21 @@ func (q *Queue) withNews(rels []string) ([]string, error) {
 
 // listLogs returns every log's path relative to the data directory.
 func (q *Queue) listLogs() ([]string, error) {
-	root := filepath.Join(q.dir, applog.Dir)
+	return logsIn(q.dir, func(rel string, why error) {
+		if errors.Is(why, ErrSymlink) {
+			// Never followed: skipped and reported (doctor lists it).
+			q.reportLink(rel, nil)
+		} else if errors.Is(why, fs.ErrPermission) {
+			q.reportUnreadable(rel)
+		}
+	})
+}
+
+// logsIn lists the logs of the store in dir (each path relative to dir),
+// sorted; skipped hears of each tenant directory or log left out, and why
+// (ErrSymlink: a link, never followed; fs.ErrPermission: unreadable).
+func logsIn(dir string, skipped func(rel string, why error)) ([]string, error) {
+	root := filepath.Join(dir, applog.Dir)
 	var out []string
 	tenants, err := os.ReadDir(root)
 	if err != nil {
@@ -484,9 +498,9 @@ func (q *Queue) listLogs() ([]string, error) {
 		return nil, err
 	}
 	for _, t := range tenants {
+		rel := filepath.Join(applog.Dir, t.Name())
 		if isLink(t) {
-			// Never followed: skipped and reported (doctor lists it).
-			q.reportLink(filepath.Join(applog.Dir, t.Name()), nil)
+			skipped(rel, ErrSymlink)
 			continue
 		}
 		if !t.IsDir() {
@@ -495,7 +509,7 @@ func (q *Queue) listLogs() ([]string, error) {
 		files, err := os.ReadDir(filepath.Join(root, t.Name()))
 		if err != nil {
 			if errors.Is(err, fs.ErrPermission) {
-				q.reportUnreadable(filepath.Join(applog.Dir, t.Name()))
+				skipped(rel, err)
 			}
 			continue
 		}
@@ -503,9 +517,9 @@ func (q *Queue) listLogs() ([]string, error) {
 			if f.IsDir() || filepath.Ext(f.Name()) != applog.Ext {
 				continue
 			}
-			rel := filepath.Join(applog.Dir, t.Name(), f.Name())
+			rel := filepath.Join(rel, f.Name())
 			if isLink(f) {
-				q.reportLink(rel, nil)
+				skipped(rel, ErrSymlink)
 				continue
 			}
 			out = append(out, rel)

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
@@ -90,11 +91,11 @@ type Queue struct {
 	counts    map[countKey]int // nil until the first Counts
 	closed    bool
 
-	closeOnce sync.Once
-	stop      chan struct{}
-	wg        sync.WaitGroup
-	tail      *tailer
-	ready     chan struct{}
+	closeOnce  sync.Once
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	tail       *tailer
+	ready      chan struct{}
 	links      sync.Map // rel → true: symbolic links reported (links.go)
 	unreadable sync.Map // rel → true: unreadable logs reported (links.go)
 }
@@ -301,6 +302,9 @@ func pointAtDoctor(dir string, err error) error {
 	var ce *CorruptIndexError
 	if errors.As(err, &ce) || errors.Is(err, queue.ErrClosed) {
 		return err
+	}
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("open store %s: %w (the file system is full: free space, then retry; nothing is wrong with the index)", dir, err)
 	}
 	return fmt.Errorf("open store %s: %w (run \"outbox doctor --data %s\" to check it; \"outbox doctor --rebuild\" rebuilds the index from the logs)", dir, err, dir)
 }

@@ -2,6 +2,8 @@ package filestore_test
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -92,5 +94,33 @@ func TestIngest_UnreadableLogSkipped(t *testing.T) {
 	}
 	if owned != 3 { // the root log, the root tenant directory and its log
 		t.Errorf("Check lists %d files of another user, want 3: %q", owned, rep.Problems)
+	}
+}
+
+// outbox doctor counts the records of a log the index has never read (a
+// new user's, appended by outbox enqueue while serve was stopped) as
+// still to index, instead of saying nothing is.
+func TestCheck_CountsLogsNeverIndexed(t *testing.T) {
+	dir := t.TempDir()
+	q := mustOpen(t, dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+	if _, err := q.Enqueue(context.Background(), queuetest.Reply("r-1", "u-1", "hi")); err != nil {
+		t.Fatal(err)
+	}
+	q.Close()
+	before, err := filestore.Check(dir)
+	if err != nil || !before.OK() || before.Unindexed != 0 {
+		t.Fatalf("Check = %+v, %v", before, err)
+	}
+	for i := range 3 {
+		if err := filestore.Append(dir, queuetest.Reply(fmt.Sprintf("new-%d", i), "u-new", "hi")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := filestore.Check(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() || rep.Logs != before.Logs+1 || rep.Unindexed == 0 {
+		t.Errorf("Check after 3 records in a new log = %+v; want one more log, its bytes unindexed", rep)
 	}
 }
