@@ -80,7 +80,7 @@ func TestCompletion_BashCompletes(t *testing.T) {
 		{"outbox consent s", []string{"show", "set"}},
 		{"outbox suppressions l", []string{"list", "lift"}},
 		{"outbox consent show ", nil}, // the user: nothing to offer
-		{"outbox validate ", nil}, // files
+		{"outbox validate ", nil},     // files
 		{"outbox nosuch --", nil},
 	} {
 		got := bashComplete(t, script, c.line)

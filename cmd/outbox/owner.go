@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/user"
-	"path/filepath"
 	"strconv"
-	"syscall"
 
 	"github.com/outboxhq/outbox/queue/filestore"
 )
@@ -18,19 +16,8 @@ import (
 // envelope acknowledged as queued would never be delivered. A directory
 // without a store yet is anyone's.
 func checkOwner(dir string) error {
-	for _, name := range []string{filestore.IndexFile, "logs"} {
-		fi, err := os.Stat(filepath.Join(dir, name))
-		if err != nil {
-			continue
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return nil
-		}
-		owner, me := int(st.Uid), os.Geteuid()
-		if owner == me {
-			return nil
-		}
+	owner, ok := filestore.Owner(dir)
+	if me := os.Geteuid(); ok && owner != me {
 		return fmt.Errorf("the store in %s belongs to user %s, and this command runs as %s: what it would write there could not be read by the store's own processes; run it as that user (sudo -u %s outbox …)",
 			dir, userName(owner), userName(me), sudoName(owner))
 	}

@@ -110,20 +110,33 @@ func linkProblems(dir string) []string {
 	return out
 }
 
+// Owner returns the user the store in dir belongs to: the owner of its
+// index, else of its logs directory. ok is false for a directory without a
+// store yet (or a system that does not say).
+func Owner(dir string) (uid int, ok bool) {
+	for _, name := range []string{IndexFile, applog.Dir} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			continue
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return 0, false
+		}
+		return int(st.Uid), true
+	}
+	return 0, false
+}
+
 // ownerProblems lists the tenant directories and logs that belong to
 // another user than index.db (made by a command run as root, mode 0600:
 // the store's own process cannot read them), or that this process may not
 // read.
 func ownerProblems(dir string) []string {
-	owner := -1
-	if fi, err := os.Stat(filepath.Join(dir, IndexFile)); err == nil {
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			owner = int(st.Uid)
-		}
-	}
+	owner, known := Owner(dir)
 	var out []string
 	check := func(rel string, fi os.FileInfo) {
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && owner >= 0 && int(st.Uid) != owner {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && known && int(st.Uid) != owner {
 			out = append(out, fmt.Sprintf("%s: belongs to uid %d, not to the store's user (uid %d): serve cannot read it, and its records are not indexed; chown it to the store's user", rel, st.Uid, owner))
 		}
 	}
