@@ -161,6 +161,11 @@ func pgDoctor(ctx context.Context, e *env, dsn, schema string, js bool) int {
 			return fail(e, "%v", err)
 		}
 		defer st.Close()
+		// What serve's readiness asks too: a standby answers every read
+		// above and refuses every write.
+		if err := st.Ping(ctx); err != nil {
+			rep.Problems = append(rep.Problems, err.Error())
+		}
 		c, err := st.Counts(ctx, "")
 		if err != nil {
 			return fail(e, "%v", err)

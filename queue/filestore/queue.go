@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
@@ -303,7 +302,7 @@ func pointAtDoctor(dir string, err error) error {
 	if errors.As(err, &ce) || errors.Is(err, queue.ErrClosed) {
 		return err
 	}
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+	if queue.StorageProblemOf(err) == queue.StorageFull {
 		return fmt.Errorf("open store %s: %w (the file system is full: free space, then retry; nothing is wrong with the index)", dir, err)
 	}
 	return fmt.Errorf("open store %s: %w (run \"outbox doctor --data %s\" to check it; \"outbox doctor --rebuild\" rebuilds the index from the logs)", dir, err, dir)

@@ -51,10 +51,12 @@
 //
 // with one of the stable Code* codes. Messages are fixed texts: they never
 // echo request content, ids, addresses or provider text. A store that
-// cannot write says why: a full disk or used-up quota (ENOSPC, EDQUOT) is
-// 507 storage_full, a read-only file system (EROFS) 503 storage_read_only,
-// a file it may not open (EACCES, EPERM) 503 storage_permission_denied,
-// each logged with its code. Other unexpected errors become 500
+// cannot write says why (queue.StorageProblemOf): a full disk or used-up
+// quota (ENOSPC, EDQUOT; a database server's full disk) is 507
+// storage_full, a read-only file system (EROFS) or a database that is a
+// standby or read-only 503 storage_read_only, a file it may not open
+// (EACCES, EPERM) or a table its database role has no privilege on 503
+// storage_permission_denied, each logged with its code. Other unexpected errors become 500
 // internal_error, logged with their Go type only.
 //
 // # The seam

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/http"
-	"syscall"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -29,9 +27,9 @@ const (
 	CodeUnsupportedMedia  = "unsupported_media_type"    // the body must be application/json
 	CodeUnavailable       = "unavailable"               // the store is closed or unreachable, or the request was cancelled
 	CodeOverloaded        = "overloaded"                // too many request bodies in flight (Config.MaxInflight): retry after Retry-After
-	CodeStorageFull       = "storage_full"              // 507: the store's file system is full (ENOSPC, EDQUOT)
-	CodeStorageReadOnly   = "storage_read_only"         // 503: the store's file system is read-only (EROFS)
-	CodeStorageDenied     = "storage_permission_denied" // 503: the store may not open one of its files (EACCES, EPERM)
+	CodeStorageFull       = "storage_full"              // 507: the store's storage is full (queue.StorageFull)
+	CodeStorageReadOnly   = "storage_read_only"         // 503: it accepts no writes (queue.StorageReadOnly)
+	CodeStorageDenied     = "storage_permission_denied" // 503: it refuses the store a part of it (queue.StorageDenied)
 	CodeInternal          = "internal_error"            // anything unexpected (details are never returned)
 )
 
@@ -71,10 +69,10 @@ var (
 	errWantJSON     = newError(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "request body must be application/json")
 	// A store that cannot write says why, not internal_error: the
 	// messages name the condition only (no path, no id).
-	errStorageFull      = newError(http.StatusInsufficientStorage, CodeStorageFull, "storage full: the store's disk has no space left (or its quota is used up); retry once space is freed")
+	errStorageFull      = newError(http.StatusInsufficientStorage, CodeStorageFull, "storage full: the store's disk (or its database server's) has no space left, or its quota is used up; retry once space is freed")
 	errStoreUnavailable = newError(http.StatusServiceUnavailable, CodeUnavailable, "store unavailable: the store cannot serve calls now (its database cannot be reached or did not answer in time, or its index was damaged under it); retry later (an enqueue repeated with the same ids is safe: stored ones are answered as duplicates)")
-	errStorageReadOnly  = newError(http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only: the store's file system does not accept writes; retry once it is writable again")
-	errStorageDenied    = newError(http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused: the store may not open one of its files (another user's, in its data directory); retry once the operator gave it back")
+	errStorageReadOnly  = newError(http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only: the store does not accept writes (its file system is read-only, or its database is a standby or read-only); retry once it is writable again")
+	errStorageDenied    = newError(http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused: the store may not use part of its storage (a file of another user's in its data directory, or a table its database role has no privilege on); retry once the operator fixed it")
 )
 
 // errorFor maps any error to its API error. It is the only place where
@@ -124,18 +122,22 @@ func errorFor(err error) (*apiError, bool) {
 		return errNoLease, false
 	case errors.Is(err, queue.ErrCrossTenant):
 		return badRequest("the envelope belongs to another tenant"), false
+	}
+	// Logged too: the operator has to act (free space, fix the storage,
+	// bring the database back).
+	switch queue.StorageProblemOf(err) {
+	case queue.StorageFull:
+		return errStorageFull, true
+	case queue.StorageReadOnly:
+		return errStorageReadOnly, true
+	case queue.StorageDenied:
+		return errStorageDenied, true
+	}
+	switch {
 	case errors.Is(err, queue.ErrUnavailable):
-		// Logged too: the operator has to bring the database back.
 		return errStoreUnavailable, true
 	case errors.Is(err, queue.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return newError(http.StatusServiceUnavailable, CodeUnavailable, "service unavailable"), false
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		// Logged too: the operator has to free space.
-		return errStorageFull, true
-	case errors.Is(err, syscall.EROFS):
-		return errStorageReadOnly, true
-	case errors.Is(err, fs.ErrPermission):
-		return errStorageDenied, true
 	}
 	return newError(http.StatusInternalServerError, CodeInternal, "internal error"), true
 }

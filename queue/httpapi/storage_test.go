@@ -15,18 +15,33 @@ import (
 	"github.com/outboxhq/outbox/queue"
 )
 
-// storageFaultStore fails every write with err, wrapped the way the file
-// store wraps an I/O error (an *os.PathError naming the log, inside an
-// *queue.EnqueueError for Enqueue).
+// storageFaultStore fails every write with err: a system call's error
+// wrapped the way the file store wraps one (an *os.PathError naming the
+// log, inside an *queue.EnqueueError for Enqueue), or a database store's
+// own error.
 type storageFaultStore struct {
 	queue.Store
-	err syscall.Errno
+	err error
 }
 
 const faultPath = "/var/lib/outbox/logs/default-0123/u_secret_person-4567.jsonl"
 
 func (s storageFaultStore) wrapped() error {
-	return fmt.Errorf("append to log: %w", &os.PathError{Op: "write", Path: faultPath, Err: s.err})
+	if errno, ok := s.err.(syscall.Errno); ok {
+		return fmt.Errorf("append to log: %w", &os.PathError{Op: "write", Path: faultPath, Err: errno})
+	}
+	return fmt.Errorf("enqueue: %w", s.err)
+}
+
+// dbStateError is a database store's refusal for its state (as
+// pgstore.StateError): queue.ErrUnavailable and one kind.
+type dbStateError struct{ kind error }
+
+func (e dbStateError) Error() string {
+	return "pgstore: enqueue: SQLSTATE 25006 in schema secret_schema"
+}
+func (e dbStateError) Is(target error) bool {
+	return target == queue.ErrUnavailable || target == e.kind
 }
 
 func (s storageFaultStore) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queue.EnqueueResult, error) {
@@ -46,27 +61,32 @@ func (s storageFaultStore) Suppress(ctx context.Context, tenant, userID string, 
 }
 
 // A full disk, a read-only file system or a file the store may not open
-// is answered with what failed (507 storage_full, 503 storage_read_only,
-// 503 storage_permission_denied) instead of internal_error, on
+// (and a database's full disk, read-only state or missing privilege) is
+// answered with what failed (507 storage_full, 503 storage_read_only, 503
+// storage_permission_denied) instead of internal_error or unavailable, on
 // every route that writes, with a fixed message that holds no path or id,
 // and is logged with its code.
 func TestStorageErrors_SayWhatFailed(t *testing.T) {
 	for _, tc := range []struct {
-		errno  syscall.Errno
+		name   string
+		err    error
 		status int
 		code   string
 		phrase string
 	}{
-		{syscall.ENOSPC, http.StatusInsufficientStorage, CodeStorageFull, "storage full"},
-		{syscall.EDQUOT, http.StatusInsufficientStorage, CodeStorageFull, "storage full"},
-		{syscall.EROFS, http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only"},
-		{syscall.EACCES, http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused"},
-		{syscall.EPERM, http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused"},
+		{"ENOSPC", syscall.ENOSPC, http.StatusInsufficientStorage, CodeStorageFull, "storage full"},
+		{"EDQUOT", syscall.EDQUOT, http.StatusInsufficientStorage, CodeStorageFull, "storage full"},
+		{"EROFS", syscall.EROFS, http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only"},
+		{"EACCES", syscall.EACCES, http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused"},
+		{"EPERM", syscall.EPERM, http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused"},
+		{"database full", dbStateError{queue.ErrStorageFull}, http.StatusInsufficientStorage, CodeStorageFull, "storage full"},
+		{"database read-only", dbStateError{queue.ErrStorageReadOnly}, http.StatusServiceUnavailable, CodeStorageReadOnly, "standby or read-only"},
+		{"database privilege", dbStateError{queue.ErrStorageDenied}, http.StatusServiceUnavailable, CodeStorageDenied, "no privilege"},
 	} {
-		t.Run(tc.errno.Error(), func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			f.grant("", "u_secret_person")
-			f.cfg.Store = storageFaultStore{Store: f.q, err: tc.errno}
+			f.cfg.Store = storageFaultStore{Store: f.q, err: tc.err}
 			f.reopen()
 			for _, r := range []struct{ name, method, target, body string }{
 				{"Enqueue", "POST", "/v1/envelopes", mustJSON(t, digest("d/u_secret_person/1", "u_secret_person"))},
@@ -78,7 +98,7 @@ func TestStorageErrors_SayWhatFailed(t *testing.T) {
 				if !strings.Contains(e.Error.Message, tc.phrase) {
 					t.Errorf("%s: message %q does not say %q", r.name, e.Error.Message, tc.phrase)
 				}
-				for _, leak := range []string{"u_secret_person", "/var/lib", ".jsonl", tc.errno.Error()} {
+				for _, leak := range []string{"u_secret_person", "/var/lib", ".jsonl", tc.err.Error(), "SQLSTATE", "secret_schema"} {
 					if strings.Contains(w.Body.String(), leak) {
 						t.Errorf("%s: response %s holds %q", r.name, w.Body.String(), leak)
 					}

@@ -89,6 +89,51 @@ func (e *MissingSchemaError) Error() string {
 // Is makes a MissingSchemaError queue.ErrUnavailable.
 func (e *MissingSchemaError) Is(target error) bool { return target == queue.ErrUnavailable }
 
+// StateError is a statement the server refused for the state of the
+// database, not for the call: it accepts no writes (SQLSTATE 25006: a
+// standby, or default_transaction_read_only), its disk is full (53100), it
+// is short of memory or connections (class 53), the store's role lacks a
+// privilege (42501), or a transaction conflicted with another (40001,
+// 40P01) or waited too long for a lock (55P03). It matches
+// queue.ErrUnavailable and, where one applies, queue.ErrStorageReadOnly,
+// queue.ErrStorageFull or queue.ErrStorageDenied; what is stored is as
+// it was (the statement's transaction rolled back whole).
+type StateError struct {
+	Op    string
+	State string // the SQLSTATE
+	kind  error  // one of the queue.ErrStorage… sentinels, or nil
+	why   string
+}
+
+func (e *StateError) Error() string {
+	return "pgstore: " + e.Op + ": " + e.why + " (SQLSTATE " + e.State + ")"
+}
+
+// Is makes a StateError queue.ErrUnavailable, and its kind.
+func (e *StateError) Is(target error) bool {
+	return target == queue.ErrUnavailable || (e.kind != nil && target == e.kind)
+}
+
+// stateError returns the StateError of a server's error, or nil.
+func stateError(op string, pe *pgconn.PgError) *StateError {
+	e := &StateError{Op: op, State: pe.Code}
+	switch {
+	case pe.Code == "25006":
+		e.kind, e.why = queue.ErrStorageReadOnly, "the database accepts no writes (it is a standby, or default_transaction_read_only is on): point the URL at the primary"
+	case pe.Code == "53100":
+		e.kind, e.why = queue.ErrStorageFull, "the database server's disk is full: free space on it"
+	case strings.HasPrefix(pe.Code, "53"):
+		e.why = "the database server is short of memory or connections"
+	case pe.Code == "42501":
+		e.kind, e.why = queue.ErrStorageDenied, "the database role has no privilege on the store's schema or tables: grant it (docs/postgresql.md)"
+	case pe.Code == "40001", pe.Code == "40P01", pe.Code == "55P03":
+		e.why = "the transaction conflicted with another one; retry"
+	default:
+		return nil
+	}
+	return e
+}
+
 // ours reports errors of the contract (or this package) that go back as they are.
 func ours(err error) bool {
 	var ee *queue.EnqueueError
@@ -108,7 +153,8 @@ func ours(err error) bool {
 	var ne *NetError
 	var te *TimeoutError
 	var me *MissingSchemaError
-	return errors.As(err, &ce) || errors.As(err, &ne) || errors.As(err, &te) || errors.As(err, &me)
+	var se *StateError
+	return errors.As(err, &ce) || errors.As(err, &ne) || errors.As(err, &te) || errors.As(err, &me) || errors.As(err, &se)
 }
 
 // safeErr names the operation and drops whatever of the DSN an error of
@@ -138,6 +184,11 @@ func safeErr(op string, err error) error {
 	}
 	if errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "3F000") {
 		return &MissingSchemaError{Op: op}
+	}
+	if errors.As(err, &pe) {
+		if se := stateError(op, pe); se != nil {
+			return se
+		}
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return &NetError{Op: op, Cause: errors.New("the server closed the connection")}

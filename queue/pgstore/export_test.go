@@ -1,5 +1,7 @@
 package pgstore
 
+import "github.com/jackc/pgx/v5/pgconn"
+
 // SetEnqueueHooks sets the enqueue group's test hooks: wait is called when
 // a call starts waiting for the next group, group with the calls of each
 // group that runs. Set them before the store is used.
@@ -10,4 +12,9 @@ func SetEnqueueHooks(s *Store, wait func(), group func(calls int)) {
 // SetCommitHooks is SetEnqueueHooks for the commit group.
 func SetCommitHooks(s *Store, wait func(), group func(calls int)) {
 	s.commits.onWait, s.commits.onGroup = wait, group
+}
+
+// SafeErr is safeErr of a server's error with the given SQLSTATE.
+func SafeErr(op, state string) error {
+	return safeErr(op, &pgconn.PgError{Code: state, Message: "the server's message"})
 }

@@ -543,14 +543,23 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Ping reports whether the database answers (a readiness check): nil, or
-// the error, as every other call's, without the DSN.
+// Ping reports whether the store can serve calls (a readiness check): the
+// database answers, the store's schema is there and it accepts writes.
+// It returns nil, or the error, as every other call's, without the DSN.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	// The schema too: one dropped under the store fails every call.
-	var v *int
-	err := s.pool.QueryRow(ctx, s.sql(`SELECT max(version) FROM {s}.migrations`)).Scan(&v)
+	// The schema too: one dropped under the store fails every call. And
+	// writes: a standby (the URL still naming a primary that failed over)
+	// answers every read and refuses every write.
+	var (
+		v        *int
+		readOnly string
+	)
+	err := s.pool.QueryRow(ctx, s.sql(`SELECT max(version), current_setting('transaction_read_only') FROM {s}.migrations`)).Scan(&v, &readOnly)
+	if err == nil && readOnly == "on" {
+		err = &pgconn.PgError{Code: "25006"}
+	}
 	return safeErr("ping", err)
 }

@@ -1,0 +1,161 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/pgstore"
+	"github.com/outboxhq/outbox/queue/pgstore/pgtest"
+	"github.com/outboxhq/outbox/queue/queuetest"
+)
+
+// wantState checks that err is a StateError of the given kind that says
+// why, is queue.ErrUnavailable, and holds nothing of the DSN.
+func wantState(t *testing.T, what string, err error, kind error, phrase string) {
+	t.Helper()
+	var se *pgstore.StateError
+	if !errors.As(err, &se) || !errors.Is(err, kind) || !errors.Is(err, queue.ErrUnavailable) || !strings.Contains(fmt.Sprint(err), phrase) {
+		t.Errorf("%s = %v, want a StateError (%v) saying %q", what, err, kind, phrase)
+		return
+	}
+	for _, leak := range []string{pgtest.DSN(), "postgres://", "password"} {
+		if strings.Contains(err.Error(), leak) {
+			t.Errorf("%s: %q holds %q", what, err, leak)
+		}
+	}
+}
+
+// A database that accepts no writes (a standby the URL still names after a
+// failover, or default_transaction_read_only) fails every write with
+// storage_read_only's error and says to point the URL at the primary;
+// Ping (the readiness check) says so too; reads still answer; nothing
+// stored changes.
+func TestReadOnlyDatabase(t *testing.T) {
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	rw, err := pgstore.Open(ctx, pgtest.DSN(), &pgstore.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rw.Close()
+	if _, err := rw.Enqueue(ctx, queuetest.Reply("before", "u-1", "hi")); err != nil {
+		t.Fatal(err)
+	}
+	roDSN := withParam(t, pgtest.DSN(), "default_transaction_read_only", "on")
+	const phrase = "the database accepts no writes (it is a standby, or default_transaction_read_only is on): point the URL at the primary"
+	if _, err := pgstore.Open(ctx, roDSN, &pgstore.Options{Schema: schema}); err == nil {
+		t.Fatal("Open (migrating) on a read-only database succeeded")
+	} else {
+		wantState(t, "Open", err, queue.ErrStorageReadOnly, phrase)
+	}
+	ro, err := pgstore.Open(ctx, roDSN, &pgstore.Options{Schema: schema, NoMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	_, enqErr := ro.Enqueue(ctx, queuetest.Reply("during", "u-1", "hi"))
+	_, claimErr := ro.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute})
+	consentErr := ro.SetConsent(ctx, "", "u-2", queue.ConsentFlags{})
+	for name, err := range map[string]error{"Enqueue": enqErr, "Claim": claimErr, "SetConsent": consentErr, "Ping": ro.Ping(ctx)} {
+		wantState(t, name, err, queue.ErrStorageReadOnly, phrase)
+		if p := queue.StorageProblemOf(err); p != queue.StorageReadOnly {
+			t.Errorf("StorageProblemOf(%s's error) = %q", name, p)
+		}
+	}
+	c, err := ro.Counts(ctx, "")
+	if err != nil {
+		t.Fatalf("Counts on a read-only database = %v", err)
+	}
+	if n := c.Total(envelope.StatePending); n != 1 {
+		t.Errorf("pending = %d, want 1 (before; during was not stored)", n)
+	}
+	if err := rw.Ping(ctx); err != nil {
+		t.Errorf("Ping of the writable store = %v", err)
+	}
+	if ls, err := rw.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute}); err != nil || len(ls) != 1 || ls[0].Key.EnvelopeID != "before" {
+		t.Errorf("Claim of the writable store = %v, %v", ls, err)
+	}
+}
+
+// A role without the privileges the store needs is told which grant is
+// missing (storage_permission_denied's error), not an internal error; what
+// it may do still works.
+func TestRoleWithoutPrivilege(t *testing.T) {
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	rw, err := pgstore.Open(ctx, pgtest.DSN(), &pgstore.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rw.Close()
+	role := schema + "_reader"
+	admin := pgtest.Admin()
+	if _, err := admin.Exec(ctx, "CREATE ROLE "+role+" NOLOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	// The session takes the role at its start (SET ROLE), whatever the
+	// server's authentication.
+	dsn := withParam(t, pgtest.DSN(), "role", role)
+	const phrase = "the database role has no privilege on the store's schema or tables: grant it"
+	if _, err := pgstore.Open(ctx, dsn, &pgstore.Options{Schema: schema, NoMigrate: true}); err == nil {
+		t.Fatal("Open by a role without USAGE on the schema succeeded")
+	} else {
+		wantState(t, "Open without USAGE", err, queue.ErrStorageDenied, phrase)
+	}
+	for _, g := range []string{"GRANT USAGE ON SCHEMA " + schema + " TO " + role, "GRANT SELECT ON ALL TABLES IN SCHEMA " + schema + " TO " + role} {
+		if _, err := admin.Exec(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := pgstore.Open(ctx, dsn, &pgstore.Options{Schema: schema, NoMigrate: true})
+	if err != nil {
+		t.Fatalf("Open by a role that may read = %v", err)
+	}
+	defer s.Close()
+	_, err = s.Enqueue(ctx, queuetest.Reply("r-1", "u-1", "hi"))
+	wantState(t, "Enqueue by a role that may only read", err, queue.ErrStorageDenied, phrase)
+	if _, err := s.Counts(ctx, ""); err != nil {
+		t.Errorf("Counts by a role that may read = %v", err)
+	}
+}
+
+// The server's other refusals for its state are unavailable (retry
+// later), each saying why.
+func TestStateErrors(t *testing.T) {
+	for _, tc := range []struct {
+		state, phrase string
+		kind          error
+	}{
+		{"25006", "accepts no writes", queue.ErrStorageReadOnly},
+		{"53100", "disk is full", queue.ErrStorageFull},
+		{"53200", "short of memory or connections", nil},
+		{"53300", "short of memory or connections", nil},
+		{"42501", "no privilege", queue.ErrStorageDenied},
+		{"40001", "conflicted", nil},
+		{"40P01", "conflicted", nil},
+		{"55P03", "conflicted", nil},
+	} {
+		err := pgstore.SafeErr("claim", tc.state)
+		kind := tc.kind
+		if kind == nil {
+			kind = queue.ErrUnavailable
+		}
+		wantState(t, tc.state, err, kind, tc.phrase)
+		if tc.kind == nil && queue.StorageProblemOf(err) != "" {
+			t.Errorf("%s: a storage problem (%q)", tc.state, queue.StorageProblemOf(err))
+		}
+	}
+	if err := pgstore.SafeErr("claim", "23505"); errors.Is(err, queue.ErrUnavailable) {
+		t.Errorf("a unique violation is unavailable: %v", err)
+	}
+}
