@@ -222,15 +222,20 @@ func runPath(ctx context.Context, e *env, args []string) int {
 // Nor does it help the consent journal: it reads the journal, and would
 // lose the facts that only the index holds.
 func doctorAdvice(problems []string) string {
-	logs := false
+	logs, files := false, false
 	for _, p := range problems {
 		switch {
 		case strings.HasPrefix(p, "journal "):
 		case strings.HasPrefix(p, "log "), strings.HasPrefix(p, "envelope record "):
 			logs = true
+		case p == filestore.ReadOnlyProblem, strings.HasSuffix(p, "chown it to the store's user"):
+			files = true
 		default:
 			return "the store has problems; outbox doctor --rebuild rebuilds the index from the logs and the consent journal"
 		}
+	}
+	if files && !logs {
+		return "the store's files cannot be used as they are (see above): make the file system writable, or give the files back to the store's user; the index is fine, so do not rebuild for these"
 	}
 	if !logs {
 		return "the store's consent journal has problems (see the hints above); a rebuild reads the journal and would lose what it lacks, so do not rebuild for these"

@@ -230,7 +230,10 @@ func slicesWithout(s []string, drop string) []string {
 
 // smallFS mounts a 1 GiB ext4 image (a sparse file) on a directory of the
 // test's and returns it; unmounted at cleanup. "" if it cannot.
-func smallFS(t *testing.T) string {
+func smallFS(t *testing.T) string { return loopFS(t, "loop") }
+
+// loopFS is smallFS mounted with the given mount options ("loop" and more).
+func loopFS(t *testing.T, options string) string {
 	dir := t.TempDir()
 	img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
 	if err := os.Mkdir(mnt, 0o700); err != nil {
@@ -242,7 +245,7 @@ func smallFS(t *testing.T) string {
 	if err := os.Truncate(img, 1<<30); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range [][]string{{"mkfs.ext4", "-q", "-F", "-m", "0", img}, {"mount", "-o", "loop", img, mnt}} {
+	for _, c := range [][]string{{"mkfs.ext4", "-q", "-F", "-m", "0", img}, {"mount", "-o", options, img, mnt}} {
 		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 			t.Logf("fault drill: %s: %v %s", c[0], err, bytes.TrimSpace(out))
 			return ""

@@ -92,10 +92,19 @@ func (q *Queue) Damaged() <-chan struct{} { return q.damaged }
 func (q *Queue) DamageError() error { return q.damageErr() }
 
 // Ping reports whether the store can serve calls (a readiness check): nil,
-// queue.ErrClosed after Close, or the damage found at run time.
+// queue.ErrClosed after Close, the damage found at run time, or the error
+// of a data directory it may not write in (a read-only file system).
 func (q *Queue) Ping(context.Context) error {
 	if q.isClosed() {
 		return queue.ErrClosed
 	}
-	return q.damageErr()
+	if err := q.damageErr(); err != nil {
+		return err
+	}
+	// A file system remounted read-only under the store (after disk
+	// errors) fails every write: not ready (queue.StorageReadOnly).
+	if err := writable(q.dir); err != nil {
+		return fmt.Errorf("data directory: %w", err)
+	}
+	return nil
 }

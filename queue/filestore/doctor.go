@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
@@ -237,8 +238,15 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 	for _, p := range ownerProblems(dir) {
 		bad("%s", p)
 	}
+	if err := writable(dir); errors.Is(err, syscall.EROFS) {
+		bad("%s", ReadOnlyProblem)
+	}
 	return rep, nil
 }
+
+// ReadOnlyProblem is Check's problem for a data directory on a file
+// system that accepts no writes.
+const ReadOnlyProblem = "data directory: the file system is read-only (a disk error may have made the kernel remount it so, see dmesg): serve and every command that writes fail until it is writable again; copy the data directory off first if the disk is failing"
 
 // Hints of the problems of a log that is no longer the file its index
 // entry describes.

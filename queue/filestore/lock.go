@@ -35,6 +35,19 @@ type dirLock struct {
 func lockDir(dir string, exclusive bool, timeout time.Duration) (*dirLock, error) {
 	path := filepath.Join(dir, LockFile)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	if errors.Is(err, unix.EROFS) && !exclusive {
+		// A file system remounted read-only (after disk errors): nothing
+		// can write in it, and a look (doctor, Known) is what the operator
+		// needs then. flock works on a descriptor opened read-only; a lock
+		// file that was never made was never held.
+		f, err = os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+		if isNotExist(err) {
+			return &dirLock{}, nil
+		}
+	}
+	if errors.Is(err, unix.EROFS) {
+		return nil, fmt.Errorf("open the data directory's lock: %w (the file system is read-only: a disk error may have made the kernel remount it so, see dmesg; outbox doctor can still look at the store)", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open the data directory's lock: %w", err)
 	}
@@ -70,6 +83,17 @@ func lockDir(dir string, exclusive bool, timeout time.Duration) (*dirLock, error
 		}
 	}
 	return l, nil
+}
+
+// writable reports whether the file system of data directory dir accepts
+// writes, by opening its lock file for writing (an ext4 that turned
+// read-only after a disk error still says rw to statfs and access(2)).
+func writable(dir string) error {
+	f, err := os.OpenFile(filepath.Join(dir, LockFile), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // lockHolder reads the pid written by the exclusive holder (0 if none).
