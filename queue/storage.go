@@ -50,3 +50,16 @@ func StorageProblemOf(err error) StorageProblem {
 	}
 	return ""
 }
+
+// Exhausted reports whether err is a process or system resource running
+// out (too many open files, no memory or buffers): a passing condition,
+// so what failed is tried again later, never judged (a record that could
+// not be opened for want of a descriptor is not lost).
+func Exhausted(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM, syscall.ENOBUFS} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}

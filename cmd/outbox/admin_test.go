@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -61,7 +62,7 @@ func TestDoctor_RebuildsCorruptIndex(t *testing.T) {
 
 // The HTTP servers refuse slow clients: every timeout is set.
 func TestServe_ServerTimeouts(t *testing.T) {
-	s := newHTTPServer(nil)
+	s := newHTTPServer(nil, slog.Default())
 	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout <= 0 || s.IdleTimeout <= 0 || s.MaxHeaderBytes <= 0 {
 		t.Fatalf("server limits not all set: %+v", s)
 	}

@@ -244,7 +244,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 		mux.Handle("POST /webhooks/resend", a.webhook)
 	}
 	mux.Handle("/", api)
-	srv := newHTTPServer(mux)
+	srv := newHTTPServer(mux, log)
 
 	// The operator socket: the operator commands, trusted by file
 	// permissions. On PostgreSQL they reach the database themselves.
@@ -255,7 +255,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 			return fail(e, "%v", err)
 		}
 		defer os.Remove(filepath.Join(*f.data, SocketName))
-		opSrv = newHTTPServer(operatorHandler(&directBackend{q: fq}))
+		opSrv = newHTTPServer(operatorHandler(&directBackend{q: fq}), log)
 	}
 
 	runCtx, stopRun := context.WithCancel(context.Background())
@@ -343,8 +343,11 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	return code
 }
 
-func newHTTPServer(h http.Handler) *http.Server {
+func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 	return &http.Server{
+		// net/http's own messages (accept errors: too many open files)
+		// in the service's log format, not as bare lines beside it.
+		ErrorLog:          slog.NewLogLogger(log.With("operation", "http").Handler(), slog.LevelWarn),
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,

@@ -175,7 +175,9 @@ func (q *Queue) operatorTx(ctx context.Context, tenant, id string, f func(tx *bo
 func (q *Queue) Requeue(ctx context.Context, tenant, id string) error {
 	return q.operatorTx(ctx, tenant, id, func(tx *bolt.Tx, ek []byte, e *envRec, rows []queue.Delivery, now time.Time) (*queue.Step, error) {
 		v := queue.RecordLost
-		if env, err := q.readEnvelope(ek, e); err == nil {
+		if env, err := q.readEnvelope(ek, e); queue.Exhausted(err) {
+			return nil, fmt.Errorf("requeue: %w", err)
+		} else if err == nil {
 			t, _ := splitEnvKey(ek)
 			c, found, err := q.consentFor(ctx, tx, t, e.User)
 			if err != nil {

@@ -45,6 +45,7 @@ func (q *Queue) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 			bkt []byte
 		}
 		seen := map[string]bool{}
+	rounds:
 		for len(out) < limit {
 			// Read up to the rows still wanted from each bucket and take
 			// them in due order, but only up to the first bucket's cut:
@@ -91,6 +92,12 @@ func (q *Queue) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lea
 				}
 				seg := int(beUint32(c.key[16:20]))
 				l, e, err := q.claimRow(ctx, tx, c.ek, seg, req, now, users)
+				if err != nil && len(out) > 0 {
+					// The leases taken are written in this transaction,
+					// which commits: they go back to the caller, and the
+					// failing row waits for the next claim.
+					break rounds
+				}
 				if err != nil {
 					return err
 				}
@@ -158,6 +165,9 @@ func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, r
 	// The verdict needs the recipient (suppressions target one address or
 	// subscription), so read the record.
 	env, err := q.readEnvelope(ek, e)
+	if queue.Exhausted(err) {
+		return nil, nil, fmt.Errorf("claim: %w", err) // not lost: the claim is tried again
+	}
 	v := queue.RecordLost
 	if err == nil {
 		addr, err := addressSupOf(tx, env)
@@ -352,7 +362,12 @@ func (q *Queue) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 				continue
 			}
 			fence := func() uint64 { return nextCounter(tx, keyFence) }
-			if _, rerr := q.readEnvelope(ek, e); rerr != nil {
+			if _, rerr := q.readEnvelope(ek, e); queue.Exhausted(rerr) {
+				if len(out) > 0 {
+					break // as Claim: what is leased goes back, the rest waits
+				}
+				return fmt.Errorf("recover: %w", rerr)
+			} else if rerr != nil {
 				// The record is gone: nothing to reconcile with, and a
 				// lease would fail every recover behind it.
 				q.log.Error("envelope record unreadable at recovery; row unresolved", "operation", "recover", "status", "error", "error_class", string(envelope.ClassRecordLost))

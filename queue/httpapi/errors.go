@@ -26,7 +26,7 @@ const (
 	CodeBodyTooLarge      = "body_too_large"            // the body exceeds Config.MaxBody
 	CodeUnsupportedMedia  = "unsupported_media_type"    // the body must be application/json
 	CodeUnavailable       = "unavailable"               // the store is closed or unreachable, or the request was cancelled
-	CodeOverloaded        = "overloaded"                // too many request bodies in flight (Config.MaxInflight): retry after Retry-After
+	CodeOverloaded        = "overloaded"                // too many request bodies in flight (Config.MaxInflight), or the process ran out of open files: retry after Retry-After
 	CodeStorageFull       = "storage_full"              // 507: the store's storage is full (queue.StorageFull)
 	CodeStorageReadOnly   = "storage_read_only"         // 503: it accepts no writes (queue.StorageReadOnly)
 	CodeStorageDenied     = "storage_permission_denied" // 503: it refuses the store a part of it (queue.StorageDenied)
@@ -45,10 +45,11 @@ type Problem struct {
 // apiError is an error with its HTTP status, stable code and a fixed
 // message that never holds request content.
 type apiError struct {
-	Status   int
-	Code     string
-	Message  string
-	Problems []Problem
+	Status     int
+	Code       string
+	Message    string
+	Problems   []Problem
+	RetryAfter int // seconds, for the Retry-After header (0: none)
 }
 
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
@@ -72,7 +73,9 @@ var (
 	errStorageFull      = newError(http.StatusInsufficientStorage, CodeStorageFull, "storage full: the store's disk (or its database server's) has no space left, or its quota is used up; retry once space is freed")
 	errStoreUnavailable = newError(http.StatusServiceUnavailable, CodeUnavailable, "store unavailable: the store cannot serve calls now (its database cannot be reached or did not answer in time, or its index was damaged under it); retry later (an enqueue repeated with the same ids is safe: stored ones are answered as duplicates)")
 	errStorageReadOnly  = newError(http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only: the store does not accept writes (its file system is read-only, or its database is a standby or read-only); retry once it is writable again")
-	errStorageDenied    = newError(http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused: the store may not use part of its storage (a file of another user's in its data directory, or a table its database role has no privilege on); retry once the operator fixed it")
+	errExhausted        = &apiError{Status: http.StatusServiceUnavailable, Code: CodeOverloaded, RetryAfter: RetryAfterOverloaded,
+		Message: "overloaded: the service ran out of open files or memory (raise its limit of open files, LimitNOFILE or ulimit -n, if this lasts); retry after Retry-After"}
+	errStorageDenied = newError(http.StatusServiceUnavailable, CodeStorageDenied, "storage access refused: the store may not use part of its storage (a file of another user's in its data directory, or a table its database role has no privilege on); retry once the operator fixed it")
 )
 
 // errorFor maps any error to its API error. It is the only place where
@@ -124,7 +127,10 @@ func errorFor(err error) (*apiError, bool) {
 		return badRequest("the envelope belongs to another tenant"), false
 	}
 	// Logged too: the operator has to act (free space, fix the storage,
-	// bring the database back).
+	// raise a limit, bring the database back).
+	if queue.Exhausted(err) {
+		return errExhausted, true
+	}
 	switch queue.StorageProblemOf(err) {
 	case queue.StorageFull:
 		return errStorageFull, true

@@ -396,6 +396,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // writeError writes e as the JSON error body.
 func writeError(w http.ResponseWriter, e *apiError) {
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
 	var body errorBody
 	body.Error.Code, body.Error.Message, body.Error.Problems = e.Code, e.Message, e.Problems
 	writeJSON(w, e.Status, body)

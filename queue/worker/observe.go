@@ -105,6 +105,9 @@ func (w *Worker) logResult(ctx context.Context, op string, ch envelope.Channel, 
 // storeClass maps a store error to a stable class for logs: store errors
 // are never logged as text (they may carry paths or ids).
 func storeClass(err error) envelope.ErrorClass {
+	if queue.Exhausted(err) {
+		return "resource_exhausted" // out of open files or memory: raise LimitNOFILE
+	}
 	if p := queue.StorageProblemOf(err); p != "" {
 		return envelope.ErrorClass("storage_" + p) // what the operator has to fix
 	}

@@ -31,6 +31,10 @@ const (
 	maxHints = 256
 	// errWaitMax caps the back-off after a failing store call.
 	errWaitMax = 30 * time.Second
+	// exhaustedWaitMax caps it when the call failed for a passing shortage
+	// of the process's (open files, memory: queue.Exhausted): it is over
+	// as soon as the burst that caused it is.
+	exhaustedWaitMax = time.Second
 )
 
 // leaser is the part of the store the delivery path uses: a queue.Store,
@@ -277,7 +281,11 @@ func (w *Worker) loop(ctx context.Context) error {
 		case errors.Is(err, queue.ErrClosed):
 			return fmt.Errorf("worker: %w", queue.ErrClosed)
 		case err != nil:
-			errWait = min(max(2*errWait, staleWaitMin), errWaitMax)
+			limit := errWaitMax
+			if queue.Exhausted(err) {
+				limit = exhaustedWaitMax
+			}
+			errWait = min(max(2*errWait, staleWaitMin), limit)
 			wait = errWait
 		default:
 			errWait = 0

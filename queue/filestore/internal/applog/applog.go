@@ -421,6 +421,15 @@ func (a *Appender) appendLocked(g *group, buf []byte, size int64) (int64, uint64
 		if derr := <-dirErr; err == nil {
 			if err = derr; err == nil {
 				g.dirs = nil
+			} else {
+				// Not durable (a crash may take the new file's name), so
+				// not acknowledged: nothing of it may stay behind to be
+				// delivered all the same.
+				err = fmt.Errorf("sync log directory: %w", err)
+				_ = g.f.Truncate(size)
+				if a.sync != nil {
+					_ = a.sync(g.f)
+				}
 			}
 		}
 		a.mu.Lock()
