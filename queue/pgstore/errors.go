@@ -154,7 +154,8 @@ func ours(err error) bool {
 	var te *TimeoutError
 	var me *MissingSchemaError
 	var se *StateError
-	return errors.As(err, &ce) || errors.As(err, &ne) || errors.As(err, &te) || errors.As(err, &me) || errors.As(err, &se)
+	var le *MigrateLockError
+	return errors.As(err, &ce) || errors.As(err, &ne) || errors.As(err, &te) || errors.As(err, &me) || errors.As(err, &se) || errors.As(err, &le)
 }
 
 // safeErr names the operation and drops whatever of the DSN an error of

@@ -18,3 +18,6 @@ func SetCommitHooks(s *Store, wait func(), group func(calls int)) {
 func SafeErr(op, state string) error {
 	return safeErr(op, &pgconn.PgError{Code: state, Message: "the server's message"})
 }
+
+// MigrateLockKey is the first key of the migration lock.
+const MigrateLockKey = migrateLockKey

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -108,7 +109,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, err
 	}
 	var applied []int
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, migrateLockKey, schema); err != nil {
+		if err := migrateLock(ctx, tx, pool, schema); err != nil {
 			return err
 		}
 		q := pgx.Identifier{schema}.Sanitize()
@@ -144,6 +145,56 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, err
 		return nil, safeErr("migrate", err)
 	}
 	return applied, nil
+}
+
+// MigrateLockError is a migration that could not start: another session
+// held the schema's migration lock until the caller's context ended (an
+// outbox migrating, perhaps itself waiting behind a lock on a table, or a
+// session stuck in its migration's transaction).
+type MigrateLockError struct {
+	Schema string
+	PID    int           // the holder's backend pid (0: not seen)
+	App    string        // its application_name
+	For    time.Duration // how long its transaction had been open
+}
+
+func (e *MigrateLockError) Error() string {
+	if e.PID == 0 {
+		return fmt.Sprintf("pgstore: migrate: another session held the migration lock of schema %s until the wait ended", e.Schema)
+	}
+	return fmt.Sprintf("pgstore: migrate: another session holds the migration lock of schema %s (pid %d, application_name %q, in its transaction for %s): an outbox still migrating (perhaps waiting behind a lock on one of the tables), or a stuck session; wait for it, or end it with SELECT pg_terminate_backend(%d)",
+		e.Schema, e.PID, e.App, e.For.Round(time.Second), e.PID)
+}
+
+// migrateLock takes the schema's migration lock in tx, waiting as long as
+// ctx lets it; when it cannot, the error names the session holding it.
+func migrateLock(ctx context.Context, tx pgx.Tx, pool *pgxpool.Pool, schema string) error {
+	for {
+		var got bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1, hashtext($2))`, migrateLockKey, schema).Scan(&got); err != nil {
+			return err
+		}
+		if got {
+			return nil
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			// The caller's context has ended: ask on one of its own.
+			look, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			e := &MigrateLockError{Schema: schema}
+			var secs float64
+			_ = pool.QueryRow(look, `SELECT l.pid, coalesce(a.application_name, ''), coalesce(extract(epoch FROM now() - a.xact_start), 0)
+				FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+				WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::bigint::oid AND l.objid = (hashtext($2)::bigint & 4294967295)::oid
+				LIMIT 1`, migrateLockKey, schema).Scan(&e.PID, &e.App, &secs)
+			e.For = time.Duration(secs * float64(time.Second))
+			return e
+		case <-t.C:
+		}
+	}
 }
 
 type querier interface {

@@ -159,3 +159,41 @@ func TestStateErrors(t *testing.T) {
 		t.Errorf("a unique violation is unavailable: %v", err)
 	}
 }
+
+// A migration that cannot take the schema's migration lock (another
+// session holds it) waits as long as its context lets it, then names the
+// session: before, it ended with "timeout: context deadline exceeded".
+func TestMigrate_LockHeldNamesTheHolder(t *testing.T) {
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	pool, err := pgstore.Connect(ctx, pgtest.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	holder, err := pgtest.Admin().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	var pid int
+	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, pgstore.MigrateLockKey, schema); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	_, err = pgstore.Migrate(short, pool, schema)
+	var le *pgstore.MigrateLockError
+	if !errors.As(err, &le) || le.PID != pid || !strings.Contains(err.Error(), fmt.Sprintf("pg_terminate_backend(%d)", pid)) {
+		t.Fatalf("Migrate with the lock held by pid %d = %v", pid, err)
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgstore.Migrate(ctx, pool, schema); err != nil {
+		t.Errorf("Migrate once the lock is free = %v", err)
+	}
+}
