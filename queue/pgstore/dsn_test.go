@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -55,7 +58,35 @@ func TestOpen_ErrorsKeepTheDSNSecret(t *testing.T) {
 			strings.TrimPrefix(host, "host="), "cannot connect"},
 		{"bad URL", "postgres://" + pgtest.PasswordUser + ":" + canary + "@127.0.0.1:notaport/db", "127.0.0.1", "does not parse"},
 		{"no server", "host=/nonexistent-outbox-dir port=5432 user=x password=" + canary + " connect_timeout=5", "/nonexistent-outbox-dir", "cannot connect"},
+		// What is wrong is named, without the value: before, every one of
+		// these was only "does not parse".
+		{"bad setting", "postgres://" + pgtest.PasswordUser + ":" + canary + "@127.0.0.1/db?pool_max_conns=" + canary, "127.0.0.1", "does not parse (it is not repeated here: it may hold a password): cannot parse pool_max_conns"},
+		{"setting too small", "host=127.0.0.1 password=" + canary + " pool_max_conns=0", "127.0.0.1", "does not parse (it is not repeated here: it may hold a password): pool_max_conns too small"},
+		{"bad sslmode", "host=127.0.0.1 password=" + canary + " sslmode=" + canary, "127.0.0.1", "does not parse (it is not repeated here: it may hold a password): failed to configure TLS (sslmode is invalid)"},
 	}
+	// A server without TLS answers a client's SSLRequest with 'N'.
+	noTLS, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noTLS.Close()
+	go func() {
+		for {
+			c, err := noTLS.Accept()
+			if err != nil {
+				return
+			}
+			var req [8]byte
+			if _, err := io.ReadFull(c, req[:]); err == nil {
+				c.Write([]byte("N"))
+			}
+			c.Close()
+		}
+	}()
+	port := strconv.Itoa(noTLS.Addr().(*net.TCPAddr).Port)
+	cases = append(cases, struct{ name, dsn, host, want string }{"TLS refused",
+		"host=127.0.0.1 port=" + port + " user=x password=" + canary + " sslmode=require connect_timeout=5", "127.0.0.1",
+		"the server does not accept TLS, and the URL asks for it (sslmode=require or stronger)"})
 	if u, err := url.Parse(pgtest.DSN()); err == nil && u.Scheme != "" { // OUTBOX_TEST_DATABASE_URL as a URL
 		u.User = url.UserPassword(pgtest.PasswordUser, canary)
 		cases[0].dsn, cases[0].host = u.String(), u.Hostname()
@@ -68,7 +99,7 @@ func TestOpen_ErrorsKeepTheDSNSecret(t *testing.T) {
 				t.Fatal("Open succeeded, want an error")
 			}
 			msg := err.Error()
-			if strings.Contains(msg, canary) || strings.Contains(msg, c.dsn) || strings.Contains(msg, c.host) {
+			if strings.Contains(msg, canary) || strings.Contains(msg, c.dsn) || (c.host != "" && strings.Contains(msg, c.host)) {
 				t.Fatalf("the error repeats the DSN, its password or its host: %s", msg)
 			}
 			if !strings.Contains(msg, c.want) {

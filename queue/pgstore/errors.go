@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,26 @@ import (
 // ErrBadURL is returned by Open for a database URL that does not parse
 // (the URL is not repeated: it may hold a password).
 var ErrBadURL = errors.New("pgstore: the database URL does not parse (it is not repeated here: it may hold a password)")
+
+// badURL is ErrBadURL with what pgx says is wrong, cut to the words before
+// any value ("cannot parse pool_max_conns", "pool_max_conns too small"):
+// the URL itself and the values in it are never repeated.
+func badURL(pce *pgconn.ParseConfigError) error {
+	s := pce.Error()
+	if i := strings.LastIndex(s, "`: "); i >= 0 {
+		s = s[i+3:]
+	} else {
+		return ErrBadURL
+	}
+	s, _, _ = strings.Cut(s, ": ")
+	if i := strings.Index(s, " ("); i >= 0 && strings.Count(s, "(") != strings.Count(s, ")") {
+		s = s[:i] // "cannot parse pool_max_conns (strconv.ParseInt" …
+	}
+	if s == "" || strings.ContainsAny(s, "`'\"=/@") {
+		return ErrBadURL
+	}
+	return fmt.Errorf("%w: %s", ErrBadURL, s)
+}
 
 // ConnectError is a failed connection attempt, without the DSN: only the
 // server's answer (an SQLSTATE and its message) or the kind of network
@@ -166,7 +187,7 @@ func safeErr(op string, err error) error {
 	}
 	var pce *pgconn.ParseConfigError
 	if errors.As(err, &pce) {
-		return ErrBadURL
+		return badURL(pce)
 	}
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) {
@@ -206,6 +227,13 @@ func connectCause(ce *pgconn.ConnectError) error {
 		if errors.Is(ce, c) {
 			return c
 		}
+	}
+	if strings.Contains(ce.Error(), "server refused TLS connection") {
+		return errors.New("the server does not accept TLS, and the URL asks for it (sslmode=require or stronger)")
+	}
+	var certErr *tls.CertificateVerificationError
+	if errors.As(ce, &certErr) {
+		return errors.New("the server's TLS certificate did not verify (see sslmode and sslrootcert in the URL)")
 	}
 	var dnsErr *net.DNSError
 	if errors.As(ce, &dnsErr) {

@@ -122,7 +122,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 func Connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, ErrBadURL
+		return nil, safeErr("open", err)
 	}
 	// A statement that waits for ever (behind a lock a stuck session
 	// holds, on a server in trouble) would hold a worker slot or an HTTP
