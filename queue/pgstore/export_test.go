@@ -1,6 +1,10 @@
 package pgstore
 
-import "github.com/jackc/pgx/v5/pgconn"
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
 
 // SetEnqueueHooks sets the enqueue group's test hooks: wait is called when
 // a call starts waiting for the next group, group with the calls of each
@@ -21,3 +25,7 @@ func SafeErr(op, state string) error {
 
 // MigrateLockKey is the first key of the migration lock.
 const MigrateLockKey = migrateLockKey
+
+// WithHostClock sets the host clock a store opened with o measures the
+// database's against.
+func WithHostClock(o *Options, now func() time.Time) { o.hostNow = now }

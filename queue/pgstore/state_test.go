@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/outboxhq/outbox/queue/pgstore"
 	"github.com/outboxhq/outbox/queue/pgstore/pgtest"
 	"github.com/outboxhq/outbox/queue/queuetest"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // wantState checks that err is a StateError of the given kind that says
@@ -197,3 +199,47 @@ func TestMigrate_LockHeldNamesTheHolder(t *testing.T) {
 		t.Errorf("Migrate once the lock is free = %v", err)
 	}
 }
+
+// A host whose clock is off from the database server's by more than
+// MaxClockSkew is warned about at Open (leases are judged by each
+// process's clock), and the gauge says by how much; an accurate one is not.
+func TestClockSkew_Warned(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		offset time.Duration // the host clock's error
+		warn   bool
+	}{{"in sync", 0, false}, {"ten seconds behind", -10 * time.Second, true}, {"a minute ahead", time.Minute, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs syncBuffer
+			reg := prometheus.NewRegistry()
+			o := &pgstore.Options{Schema: pgtest.Schema(t), Options: queue.Options{
+				Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registerer: reg}}
+			pgstore.WithHostClock(o, func() time.Time { return time.Now().Add(tc.offset) })
+			s, err := pgstore.Open(ctx, pgtest.DSN(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			warned := strings.Contains(logs.String(), "keep every host's clock in sync (NTP)")
+			if warned != tc.warn {
+				t.Errorf("warned %v, want %v:\n%s", warned, tc.warn, logs.String())
+			}
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var skew *float64
+			for _, mf := range mfs {
+				if mf.GetName() == "outbox_pg_clock_skew_seconds" {
+					skew = ptr(mf.GetMetric()[0].GetGauge().GetValue())
+				}
+			}
+			if want := -tc.offset.Seconds(); skew == nil || *skew < want-0.5 || *skew > want+0.5 {
+				t.Errorf("outbox_pg_clock_skew_seconds = %v, want about %v", skew, want)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

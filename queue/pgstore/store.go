@@ -55,6 +55,8 @@ type Options struct {
 	// NotifyInterval is the shortest time between two NOTIFYs this store
 	// sends (default 2ms); changes in between are announced once, after it.
 	NotifyInterval time.Duration
+
+	hostNow func() time.Time // this host's clock for checkClock (a test's)
 }
 
 // Store is a queue.Store on PostgreSQL. Open one with Open or OpenPool.
@@ -65,6 +67,7 @@ type Store struct {
 	prefix    string // its quoted name and a dot, for table names
 	channel   string // the LISTEN/NOTIFY channel
 	now       func() time.Time
+	hostNow   func() time.Time // this host's clock, against the database's
 	backoff   queue.Backoff
 	retention time.Duration
 	source    queue.ConsentSource
@@ -195,12 +198,59 @@ func open(ctx context.Context, pool *pgxpool.Pool, own bool, opts *Options) (*St
 		hint:      make(chan struct{}, 1),
 	}
 	s.enq, s.commits = s.enqueuer(), s.committer()
+	if s.hostNow = o.hostNow; s.hostNow == nil {
+		s.hostNow = time.Now
+	}
 	bg, stop := context.WithCancel(context.Background())
 	s.stop = stop
-	s.wg.Add(2)
+	s.checkClock(ctx)
+	s.wg.Add(3)
 	go s.listen(bg)
 	go s.notifier(bg)
+	go s.watchClock(bg)
 	return s, nil
+}
+
+// MaxClockSkew is how far this host's clock may be from the database
+// server's before the store warns. Leases, backoff and expiry are judged
+// by each process's own clock: two hosts apart by more than a lease
+// (serve's --lease, 30 s) recover each other's leases while they are
+// held, and those deliveries end unresolved; a smaller skew shortens or
+// lengthens leases by as much.
+const MaxClockSkew = time.Second
+
+// checkClock measures the database server's clock against this host's,
+// sets the gauge and warns past MaxClockSkew.
+func (s *Store) checkClock(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	t0 := s.hostNow()
+	var db time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&db); err != nil {
+		return // a store call says what is wrong with the database
+	}
+	t1 := s.hostNow()
+	skew := db.Sub(t0.Add(t1.Sub(t0) / 2))
+	s.metrics.clockSkew.Set(skew.Seconds())
+	if skew > MaxClockSkew || skew < -MaxClockSkew {
+		s.log.LogAttrs(ctx, slog.LevelWarn, "this host's clock is not the database server's: leases are judged by each process's clock, so keep every host's clock in sync (NTP)",
+			slog.String("operation", "clock"), slog.String("status", "skewed"), slog.Duration("database_ahead_by", skew.Round(time.Millisecond)))
+	}
+}
+
+// watchClock runs checkClock every 5 minutes.
+func (s *Store) watchClock(ctx context.Context) {
+	defer s.wg.Done()
+	t := time.NewTicker(5 * time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.checkClock(ctx)
+		}
+	}
 }
 
 // Pool returns the store's connection pool.
