@@ -41,6 +41,7 @@ const (
 	ClassReconcileRejected   ErrorClass = "reconcile_rejected"
 	ClassOperator            ErrorClass = "operator"
 	ClassIndexRebuilt        ErrorClass = "index_rebuilt"
+	ClassRestored            ErrorClass = "database_restored" // the database was restored from a backup: the row's fate since is unknown
 	ClassRecordLost          ErrorClass = "record_lost"
 	ClassUnknown             ErrorClass = "unknown"
 )

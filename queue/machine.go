@@ -218,6 +218,23 @@ func Rebuilt(segs int, expiresAt time.Time, now time.Time) (*Step, error) {
 	return s, nil
 }
 
+// Restored settles the rows of an envelope whose database was restored
+// from a backup: every row that was still to deliver (pending, sending,
+// retryable) may have been delivered after the backup was taken, so it is
+// unresolved (never redelivered automatically); the others stay.
+func Restored(rows []Delivery, now time.Time) (*Step, error) {
+	s := newStep(rows)
+	for i := range s.Rows {
+		switch s.Rows[i].State {
+		case envelope.StatePending, envelope.StateSending, envelope.StateRetryable:
+			if err := s.settle(i, envelope.StateUnresolved, envelope.ClassRestored, now); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return s, nil
+}
+
 // Verdict is what a claim does with an eligible row.
 type Verdict struct {
 	State envelope.State // sending (lease it), expired, suppressed or dead_letter

@@ -113,6 +113,23 @@ func TestMachine_EveryEdgeIsTaken(t *testing.T) {
 	run(fresh(2), func([]queue.Delivery) (*queue.Step, error) { return queue.Rebuilt(2, time.Time{}, t0) })
 	run(fresh(1), func([]queue.Delivery) (*queue.Step, error) { return queue.Rebuilt(1, t0, t0) })
 
+	// A database restored from a backup: rows still to deliver, whatever
+	// their state, end unresolved; the others stay.
+	restored := func(r []queue.Delivery) (*queue.Step, error) { return queue.Restored(r, t0) }
+	run(fresh(2), restored)
+	rows = commit(claim(fresh(1), 0, send), 0, queue.Outcome{State: envelope.StateRetryable})
+	run(rows, restored)
+	rows = run(claim(fresh(3), 0, send), restored)
+	for i, r := range rows {
+		if r.State != envelope.StateUnresolved || r.Class != envelope.ClassRestored {
+			t.Errorf("restored row %d = %s %s", i, r.State, r.Class)
+		}
+	}
+	rows = commit(claim(fresh(2), 0, send), 0, queue.Outcome{State: envelope.StateSent})
+	if rows = run(rows, restored); rows[0].State != envelope.StateSent || rows[1].State != envelope.StateUnresolved {
+		t.Errorf("restored sent + pending = %s, %s", rows[0].State, rows[1].State)
+	}
+
 	want := edges{}
 	for _, e := range envelope.Edges {
 		want[[2]envelope.State{e.From, e.To}] = true

@@ -22,10 +22,11 @@ func init() {
 
 func runDoctor(ctx context.Context, e *env, args []string) int {
 	s := newSettings("doctor", e)
-	s.usage("Usage: outbox doctor [--rebuild] [--json]\n\nChecks the store in --data: bbolt's own consistency, every log offset and\nrecord against its index entry, every row against the due and lease indexes,\nthe consent journal against the index.\nWhen the index file is missing or cannot be opened it is rebuilt from the\nlogs and the consent journal (the broken file is kept as index.db.broken-TIME);\n--rebuild forces that. Consent, suppressions and push subscriptions come back\nfrom the journal. Rebuilt rows whose fate is unknown become unresolved, never\nredelivered automatically. Works through a running serve (check only).\nWith --database-url: connects, compares the schema's version with this\noutbox's, counts the rows that need an operator or a reconciler.\n\nFlags:\n")
+	s.usage("Usage: outbox doctor [--rebuild] [--json]\n\nChecks the store in --data: bbolt's own consistency, every log offset and\nrecord against its index entry, every row against the due and lease indexes,\nthe consent journal against the index.\nWhen the index file is missing or cannot be opened it is rebuilt from the\nlogs and the consent journal (the broken file is kept as index.db.broken-TIME);\n--rebuild forces that. Consent, suppressions and push subscriptions come back\nfrom the journal. Rebuilt rows whose fate is unknown become unresolved, never\nredelivered automatically. Works through a running serve (check only).\nWith --database-url: connects, compares the schema's version with this\noutbox's, counts the rows that need an operator or a reconciler, and says\nwhether the database is older than the one serve last used here (restored\nfrom a backup: --after-restore makes the deliveries of unknown fate\nunresolved, so that none is sent twice).\n\nFlags:\n")
 	data := dataFlag(s)
 	db := addDBFlags(s)
 	rebuild := s.fs.Bool("rebuild", false, "rebuild the index from the logs (stop outbox serve first)")
+	afterRestore := s.fs.Bool("after-restore", false, "PostgreSQL: the database was restored from a backup; make every delivery of unknown fate unresolved (stop every serve first)")
 	js := s.fs.Bool("json", false, "print the report as JSON")
 	if code, done := s.parse(args); done {
 		return code
@@ -36,7 +37,10 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		if *rebuild {
 			return fileOnly(e, "doctor --rebuild")
 		}
-		return pgDoctor(ctx, e, dsn, *db.schema, *js)
+		return pgDoctor(ctx, e, dsn, *db.schema, *data, *afterRestore, *js)
+	}
+	if *afterRestore {
+		return fail(e, "--after-restore is for a PostgreSQL store (--database-url); a file store's restored index is refused and rebuilt with --rebuild")
 	}
 	if _, err := os.Stat(*data); err != nil {
 		return fail(e, "no data directory %s", *data)

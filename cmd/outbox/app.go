@@ -200,7 +200,7 @@ func buildApp(e *env, c appConfig) (*app, error) {
 
 	qo := queue.Options{Logger: c.Logger.With("component", "queue"), Registerer: reg, Backoff: c.Backoff, Retention: c.Retention}
 	if c.DatabaseURL != "" {
-		pg, err := openPG(context.Background(), c.DatabaseURL, c.DatabaseSchema, c.NoMigrate, qo)
+		pg, err := openPG(context.Background(), c.DatabaseURL, c.DatabaseSchema, c.NoMigrate, pgMark(c.Data, c.DatabaseSchema), qo)
 		if err != nil {
 			return fail(err)
 		}

@@ -56,7 +56,7 @@ func (p *pgBench) open(ctx context.Context) (*benchStore, error) {
 	}
 	p.n++
 	schema := benchSchemaPrefix + p.run + "_" + strconv.Itoa(p.n)
-	s, err := openPG(ctx, p.dsn, schema, false, queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s, err := openPG(ctx, p.dsn, schema, false, "", queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		return nil, err
 	}

@@ -102,7 +102,7 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 	}
 	if dsn != "" {
 		// The store validates, checks consent and dedupes, in one transaction.
-		pg, err := openPG(ctx, dsn, *db.schema, true, queue.Options{Logger: newLogger(e, "text")})
+		pg, err := openPG(ctx, dsn, *db.schema, true, "", queue.Options{Logger: newLogger(e, "text")})
 		if err != nil {
 			return refuse("%v", err)
 		}

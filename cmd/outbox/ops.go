@@ -285,7 +285,7 @@ func openBackendFor(ctx context.Context, e *env, dir string, db *dbFlags) (backe
 	if dsn == "" {
 		return openBackend(dir)
 	}
-	pg, err := openPG(ctx, dsn, *db.schema, true, queue.Options{Logger: newLogger(e, "text")})
+	pg, err := openPG(ctx, dsn, *db.schema, true, "", queue.Options{Logger: newLogger(e, "text")})
 	if err != nil {
 		return nil, nil, err
 	}

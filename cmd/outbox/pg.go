@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -49,11 +51,19 @@ func (f *dbFlags) dsn(e *env) (string, error) {
 // does not answer fails the command instead of hanging it.
 const openTimeout = 30 * time.Second
 
-// openPG opens the PostgreSQL store (pgstore's errors never repeat the DSN).
-func openPG(ctx context.Context, dsn, schema string, noMigrate bool, o queue.Options) (*pgstore.Store, error) {
+func statOK(path string) bool { _, err := os.Stat(path); return err == nil }
+
+// pgMark is the mark file of a PostgreSQL store's schema in a serve's data
+// directory (pgstore.Options.MarkFile): the database restored from a
+// backup under it is refused.
+func pgMark(data, schema string) string { return filepath.Join(data, "pg-"+schema+".mark") }
+
+// openPG opens the PostgreSQL store (pgstore's errors never repeat the DSN);
+// mark is its mark file ("" for none).
+func openPG(ctx context.Context, dsn, schema string, noMigrate bool, mark string, o queue.Options) (*pgstore.Store, error) {
 	ctx, cancel := context.WithTimeout(ctx, openTimeout)
 	defer cancel()
-	s, err := pgstore.Open(ctx, dsn, &pgstore.Options{Options: o, Schema: schema, NoMigrate: noMigrate})
+	s, err := pgstore.Open(ctx, dsn, &pgstore.Options{Options: o, Schema: schema, NoMigrate: noMigrate, MarkFile: mark})
 	if errors.Is(err, pgstore.ErrNotMigrated) {
 		return nil, fmt.Errorf("%w: run outbox migrate (with the same --database-url and --database-schema), or start serve without --no-migrate", err)
 	}
@@ -133,7 +143,7 @@ type pgReport struct {
 // version against this outbox's, and the rows an operator (unresolved,
 // dead_letter) or a running worker's reconciliation (leases past their
 // end) has to take. It migrates nothing.
-func pgDoctor(ctx context.Context, e *env, dsn, schema string, js bool) int {
+func pgDoctor(ctx context.Context, e *env, dsn, schema, data string, afterRestore, js bool) int {
 	ctx, cancel := context.WithTimeout(ctx, openTimeout)
 	defer cancel()
 	pool, err := pgstore.Connect(ctx, dsn)
@@ -156,11 +166,39 @@ func pgDoctor(ctx context.Context, e *env, dsn, schema string, js bool) int {
 		rep.Pending = rep.Want - rep.Version
 		rep.Problems = append(rep.Problems, fmt.Sprintf("schema %s is at version %d: %d migration(s) pending (outbox migrate, or start serve without --no-migrate)", schema, rep.Version, rep.Pending))
 	default:
-		st, err := pgstore.OpenPool(ctx, pool, &pgstore.Options{Schema: schema, NoMigrate: true, Options: queue.Options{Logger: newLogger(e, "text")}})
+		// This host's mark of what serve drew from the database, if serve
+		// ran here: a database behind it was restored from a backup.
+		mark := pgMark(data, schema)
+		if !statOK(mark) || afterRestore {
+			mark = ""
+		}
+		o := &pgstore.Options{Schema: schema, NoMigrate: true, MarkFile: mark, Options: queue.Options{Logger: newLogger(e, "text")}}
+		st, err := pgstore.OpenPool(ctx, pool, o)
+		var re *pgstore.RestoredError
+		if errors.As(err, &re) {
+			rep.Problems = append(rep.Problems, err.Error())
+			o.MarkFile = ""
+			st, err = pgstore.OpenPool(ctx, pool, o)
+		}
 		if err != nil {
 			return fail(e, "%v", err)
 		}
 		defer st.Close()
+		if afterRestore {
+			n, err := st.AfterRestore(ctx)
+			if err != nil {
+				return fail(e, "after restore: %d envelopes settled, then: %v (run it again)", n, err)
+			}
+			fmt.Fprintf(e.Stdout, "after restore: %d envelopes had deliveries of unknown fate: they are unresolved (outbox ls --state unresolved; outbox resolve ID --as sent|retry)\n", n)
+			// Every host's mark names the old instance now: this one's is
+			// written afresh.
+			if m := pgMark(data, schema); statOK(m) {
+				o.MarkFile = m
+				if s2, err := pgstore.OpenPool(ctx, pool, o); err == nil {
+					s2.Close()
+				}
+			}
+		}
 		// What serve's readiness asks too: a standby answers every read
 		// above and refuses every write.
 		if err := st.Ping(ctx); err != nil {

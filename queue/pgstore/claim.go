@@ -88,8 +88,10 @@ func (s *Store) fencer(ctx context.Context, tx batcher) *fences {
 // part fetches fences until n are at hand, as part of a batch.
 func (f *fences) part(n int) batchPart {
 	n = max(n-len(f.buf), 0)
+	var before int64
 	return batchPart{
 		queue: func(b *pgx.Batch) {
+			before = f.s.drawn.fence.Load()
 			b.Queue(f.s.sql(`SELECT nextval('{s}.fence_seq') FROM generate_series(1, $1)`), n)
 		},
 		read: func(br pgx.BatchResults) error {
@@ -99,6 +101,9 @@ func (f *fences) part(n int) batchPart {
 			}
 			out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 			if err != nil {
+				return err
+			}
+			if err := f.s.drew("fence_seq", before, out); err != nil {
 				return err
 			}
 			for _, v := range out {

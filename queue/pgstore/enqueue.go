@@ -138,8 +138,10 @@ func (s *Store) enqueue(ctx context.Context, grp []*enqCall) error {
 	addrs := map[envKey]queue.Suppression{}
 	var seqs []int64
 	cc := s.newConsents()
+	var before int64
 	parts := []batchPart{s.segmentsPart(keys, stored), s.addressPart(targets, addrs), {
 		queue: func(b *pgx.Batch) {
+			before = s.drawn.envelope.Load()
 			b.Queue(s.sql(`SELECT nextval('{s}.envelope_seq') FROM generate_series(1, $1)`), len(all))
 		},
 		read: func(br pgx.BatchResults) error {
@@ -147,9 +149,11 @@ func (s *Store) enqueue(ctx context.Context, grp []*enqCall) error {
 			if err != nil {
 				return err
 			}
-			seqs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+			if seqs, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+				return err
+			}
 			slices.Sort(seqs)
-			return err
+			return s.drew("envelope_seq", before, seqs)
 		},
 	}}
 	if p, ok := cc.part(users); ok {

@@ -176,7 +176,8 @@ func ours(err error) bool {
 	var me *MissingSchemaError
 	var se *StateError
 	var le *MigrateLockError
-	return errors.As(err, &ce) || errors.As(err, &ne) || errors.As(err, &te) || errors.As(err, &me) || errors.As(err, &se) || errors.As(err, &le)
+	var re *RestoredError
+	return errors.As(err, &ce) || errors.As(err, &ne) || errors.As(err, &te) || errors.As(err, &me) || errors.As(err, &se) || errors.As(err, &le) || errors.As(err, &re)
 }
 
 // safeErr names the operation and drops whatever of the DSN an error of

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -114,7 +116,7 @@ func TestRoleWithoutPrivilege(t *testing.T) {
 	} else {
 		wantState(t, "Open without USAGE", err, queue.ErrStorageDenied, phrase)
 	}
-	for _, g := range []string{"GRANT USAGE ON SCHEMA " + schema + " TO " + role, "GRANT SELECT ON ALL TABLES IN SCHEMA " + schema + " TO " + role} {
+	for _, g := range []string{"GRANT USAGE ON SCHEMA " + schema + " TO " + role, "GRANT SELECT ON ALL TABLES IN SCHEMA " + schema + " TO " + role, "GRANT SELECT ON ALL SEQUENCES IN SCHEMA " + schema + " TO " + role} {
 		if _, err := admin.Exec(ctx, g); err != nil {
 			t.Fatal(err)
 		}
@@ -243,3 +245,116 @@ func TestClockSkew_Warned(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A database restored from a backup (pg_dump, then DROP SCHEMA and psql
+// of the dump, as an operator restores one) is refused, by the mark file
+// at Open and by a running store at its next draw, instead of delivering
+// again what was delivered since the dump; AfterRestore makes the
+// deliveries of unknown fate unresolved and the store serves again. A
+// schema made afresh is not a restore.
+func TestRestoredDatabase(t *testing.T) {
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	mark := filepath.Join(t.TempDir(), "pg.mark")
+	open := func(mark string) (*pgstore.Store, error) {
+		return pgstore.Open(ctx, pgtest.DSN(), &pgstore.Options{Schema: schema, MarkFile: mark})
+	}
+	dump := func(name string) string {
+		t.Helper()
+		bin, err := pgtest.Bin("pg_dump")
+		if err != nil {
+			t.Fatal(err)
+		}
+		file := filepath.Join(t.TempDir(), name+".sql")
+		if out, err := exec.Command(bin, "-d", pgtest.DSN(), "-n", schema, "-f", file).CombinedOutput(); err != nil {
+			t.Fatalf("pg_dump: %v %s", err, out)
+		}
+		return file
+	}
+	restore := func(file string) {
+		t.Helper()
+		if _, err := pgtest.Admin().Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Fatal(err)
+		}
+		bin, err := pgtest.Bin("psql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command(bin, "-d", pgtest.DSN(), "-q", "-v", "ON_ERROR_STOP=1", "-f", file).CombinedOutput(); err != nil {
+			t.Fatalf("psql: %v %s", err, out)
+		}
+	}
+	s, err := open(mark)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if _, err := s.Enqueue(ctx, queuetest.Reply(id, "u-"+id, "hi")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	backup := dump("backup")
+	ls, err := s.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 2})
+	if err != nil || len(ls) != 2 {
+		t.Fatalf("Claim = %v, %v", ls, err)
+	}
+	if err := s.Commit(ctx, ls[0], queue.Outcome{State: envelope.StateSent}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	restore(backup) // every envelope is pending again: a, sent, would go out twice
+	const hint = "it was restored from a backup, or is a copy; everything delivered since the backup would be delivered again. Run outbox doctor --after-restore"
+	var re *pgstore.RestoredError
+	if _, err := open(mark); !errors.As(err, &re) || !errors.Is(err, queue.ErrUnavailable) || !strings.Contains(err.Error(), hint) {
+		t.Fatalf("Open of the restored database with the mark = %v", err)
+	}
+	s, err = open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.AfterRestore(ctx)
+	if err != nil || n != 3 {
+		t.Fatalf("AfterRestore = %d, %v; want the 3 envelopes pending in the backup", n, err)
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		st, err := s.Get(ctx, "", id)
+		if err != nil || st.Segments[0].State != envelope.StateUnresolved || st.Segments[0].Class != envelope.ClassRestored {
+			t.Errorf("%s after AfterRestore = %+v, %v; want unresolved (database_restored)", id, st, err)
+		}
+	}
+	if ls, err := s.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 5}); err != nil || len(ls) != 0 {
+		t.Errorf("Claim after AfterRestore = %v, %v; want nothing", ls, err)
+	}
+	s.Close()
+	s, err = open(mark) // a new instance: the old mark is superseded
+	if err != nil {
+		t.Fatalf("Open with the old mark after AfterRestore = %v", err)
+	}
+
+	// Restored under a running store: its next draw finds it.
+	if _, err := s.Enqueue(ctx, queuetest.Reply("d", "u-d", "hi")); err != nil {
+		t.Fatal(err)
+	}
+	second := dump("second")
+	if _, err := s.Enqueue(ctx, queuetest.Reply("e", "u-e", "hi")); err != nil {
+		t.Fatal(err)
+	}
+	restore(second)
+	if _, err := s.Enqueue(ctx, queuetest.Reply("f", "u-f", "hi")); err == nil {
+		t.Fatal("Enqueue on a database restored under the store succeeded")
+	}
+	if err := s.Ping(ctx); !errors.As(err, &re) || !re.AtRuntime {
+		t.Errorf("Ping after a restore under the store = %v, want the RestoredError", err)
+	}
+	s.Close()
+
+	// A schema made afresh (dropped, migrated again) is another queue.
+	if _, err := pgtest.Admin().Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = open(mark); err != nil {
+		t.Fatalf("Open of a schema made afresh with the old mark = %v", err)
+	}
+	s.Close()
+}

@@ -56,6 +56,13 @@ type Options struct {
 	// sends (default 2ms); changes in between are announced once, after it.
 	NotifyInterval time.Duration
 
+	// MarkFile, when set, is where the store records the queue's identity
+	// and the highest numbers it drew from its sequences (serve keeps it
+	// in its data directory): Open refuses a database behind them, one
+	// restored from a backup, with a *RestoredError. A running store
+	// refuses one from the first number it draws there, with or without.
+	MarkFile string
+
 	hostNow func() time.Time // this host's clock for checkClock (a test's)
 }
 
@@ -68,6 +75,11 @@ type Store struct {
 	channel   string // the LISTEN/NOTIFY channel
 	now       func() time.Time
 	hostNow   func() time.Time // this host's clock, against the database's
+	markFile  string
+	instance  string // the schema's instance id
+	drawn     drawn
+	restored  atomic.Pointer[RestoredError] // the database went back under the store
+	suspect   atomic.Pointer[RestoredError] // a sequence went back: restored, or a new schema? (settle)
 	backoff   queue.Backoff
 	retention time.Duration
 	source    queue.ConsentSource
@@ -203,11 +215,17 @@ func open(ctx context.Context, pool *pgxpool.Pool, own bool, opts *Options) (*St
 	}
 	bg, stop := context.WithCancel(context.Background())
 	s.stop = stop
+	s.markFile = o.MarkFile
+	if err := s.checkMark(ctx); err != nil {
+		stop()
+		return nil, err
+	}
 	s.checkClock(ctx)
-	s.wg.Add(3)
+	s.wg.Add(4)
 	go s.listen(bg)
 	go s.notifier(bg)
 	go s.watchClock(bg)
+	go s.markLoop(bg)
 	return s, nil
 }
 
@@ -267,7 +285,13 @@ func (s *Store) check(ctx context.Context) error {
 	if s.closed.Load() {
 		return queue.ErrClosed
 	}
-	return ctx.Err()
+	if r := s.restored.Load(); r != nil {
+		return r
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.settle(ctx)
 }
 
 // inTx runs fn in a transaction (READ COMMITTED) and names op in its error.
@@ -319,6 +343,18 @@ func (s *Store) readParts(ctx context.Context, parts ...batchPart) error {
 }
 
 func (s *Store) runPipe(ctx context.Context, settings string, fn func(*pipe) error) error {
+	err := s.runPipeOnce(ctx, settings, fn)
+	if errors.Is(err, errSequenceBack) {
+		// Rolled back; once settled (a schema made afresh), once more.
+		if err := s.settle(ctx); err != nil {
+			return err
+		}
+		err = s.runPipeOnce(ctx, settings, fn)
+	}
+	return err
+}
+
+func (s *Store) runPipeOnce(ctx context.Context, settings string, fn func(*pipe) error) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}

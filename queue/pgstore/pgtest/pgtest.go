@@ -234,6 +234,16 @@ func connectAdmin() error {
 	return nil
 }
 
+// Bin returns the path of one of the server's programs (pg_dump, psql …),
+// from the directory binDir finds.
+func Bin(name string) (string, error) {
+	d, err := binDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(d, name), nil
+}
+
 // binDir finds the directory of initdb and pg_ctl: pg_config --bindir,
 // the newest /usr/lib/postgresql/*/bin, or the PATH.
 func binDir() (string, error) {
