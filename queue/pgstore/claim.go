@@ -103,8 +103,11 @@ func (f *fences) part(n int) batchPart {
 			if err != nil {
 				return err
 			}
-			if err := f.s.drew("fence_seq", before, out); err != nil {
+			if err := f.s.drawnOK("fence_seq", before, out); err != nil {
 				return err
+			}
+			if p, ok := f.tx.(*pipe); ok {
+				p.drawn = append(p.drawn, func() { f.s.drew("fence_seq", out) })
 			}
 			for _, v := range out {
 				f.buf = append(f.buf, uint64(v))

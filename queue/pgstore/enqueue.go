@@ -153,7 +153,7 @@ func (s *Store) enqueue(ctx context.Context, grp []*enqCall) error {
 				return err
 			}
 			slices.Sort(seqs)
-			return s.drew("envelope_seq", before, seqs)
+			return s.drawnOK("envelope_seq", before, seqs)
 		},
 	}}
 	if p, ok := cc.part(users); ok {
@@ -162,6 +162,7 @@ func (s *Store) enqueue(ctx context.Context, grp []*enqCall) error {
 	if err := s.readParts(ctx, parts...); err != nil {
 		return err
 	}
+	s.drew("envelope_seq", seqs) // committed: readParts is a transaction
 
 	// Call by call, in order: an envelope stored already, or earlier in
 	// the call or in an admitted call before it, is a duplicate; the new

@@ -132,26 +132,34 @@ func (s *Store) high(seq string) *atomic.Int64 {
 	return &s.drawn.fence
 }
 
-// drew records numbers drawn from seq (fence_seq or envelope_seq) by a
-// request sent when the highest drawn was before. Every one must be above
-// it (a sequence only goes forward, whoever draws). One that is not means
-// the database went back under the store, or its schema was made afresh:
-// drew returns an error (the call fails, nothing of it is used), and the
-// next call tells the two apart (settle).
-func (s *Store) drew(seq string, before int64, nums []int64) error {
-	hi := s.high(seq)
+// drawnOK checks numbers drawn from seq (fence_seq or envelope_seq) by a
+// request sent when the highest committed draw was before. Every one
+// must be above it (a sequence only goes forward, and a number drawn in a
+// committed transaction is durable). One that is not means the database
+// went back under the store, or its schema was made afresh: the call
+// fails (nothing of it is used), and the next call tells the two apart
+// (settle). A number drawn in a transaction that did not commit may come
+// again after a crash of the server: only committed ones are recorded.
+func (s *Store) drawnOK(seq string, before int64, nums []int64) error {
 	for _, n := range nums {
 		if n <= before {
 			s.suspect.Store(&RestoredError{Schema: s.schema, Sequence: seq, Was: before, Now: n, AtRuntime: true})
 			return &NetError{Op: "draw", Cause: errSequenceBack}
 		}
+	}
+	return nil
+}
+
+// drew records numbers drawn from seq by a transaction that committed.
+func (s *Store) drew(seq string, nums []int64) {
+	hi := s.high(seq)
+	for _, n := range nums {
 		for was := hi.Load(); n > was && !hi.CompareAndSwap(was, n); was = hi.Load() {
 		}
 	}
 	if len(nums) > 0 {
 		s.drawn.dirty.Store(true)
 	}
-	return nil
 }
 
 // settle decides what a sequence that went back (drew) was: the schema

@@ -325,7 +325,8 @@ type pipe struct {
 	conn     *pgxpool.Conn
 	settings string // the statement after BEGIN: pipeSettings or claimSettings
 	begun    bool
-	done     bool // committed or rolled back
+	done     bool     // committed or rolled back
+	drawn    []func() // to run once the transaction committed (what it drew)
 }
 
 var _ dbtx = (*pipe)(nil)
@@ -369,8 +370,12 @@ func (s *Store) runPipeOnce(ctx context.Context, settings string, fn func(*pipe)
 	}
 	if err != nil {
 		p.rollback()
+		return err
 	}
-	return err
+	for _, f := range p.drawn {
+		f()
+	}
+	return nil
 }
 
 // pipeSettings are the planner settings of a pipe's transaction.
