@@ -114,7 +114,7 @@ var faultKinds = []string{
 	"kill-serve", "pause-serve", "kill-rebuild", "kill-compact",
 	"index-deleted", "index-emptied", "index-scrambled", "index-restored",
 	"log-deleted", "log-truncated", "log-replaced",
-	"disk-full", "second-serve", "concurrent-compact",
+	"disk-full", "no-files", "second-serve", "concurrent-compact",
 }
 
 const (
@@ -774,6 +774,8 @@ func (dr *faultDrill) apply(kind string) string {
 		return dr.logFault(kind)
 	case "disk-full":
 		return dr.diskFull()
+	case "no-files":
+		return dr.noFiles()
 	case "second-serve":
 		return dr.secondServe()
 	case "concurrent-compact":
@@ -804,6 +806,48 @@ func (dr *faultDrill) apply(kind string) string {
 	}
 	dr.t.Fatalf("unknown fault %q", kind)
 	return ""
+}
+
+// noFiles lowers running serve's limit of open files (its soft limit,
+// prlimit --pid) to about what it has open, for 0.3–1 s under load, then
+// gives it back: enqueues are refused (503 overloaded), nothing
+// acknowledged is lost, dead-lettered or left leased (see
+// TestFault_TooManyOpenFiles).
+func (dr *faultDrill) noFiles() string {
+	if dr.d == nil {
+		return "serve not running; " + dr.up()
+	}
+	pid := strconv.Itoa(dr.d.cmd.Process.Pid)
+	soft := ""
+	if b, err := os.ReadFile("/proc/" + pid + "/limits"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(strings.TrimPrefix(l, "Max open files")); len(f) >= 2 && strings.HasPrefix(l, "Max open files") {
+				soft = f[0]
+			}
+		}
+	}
+	fds, err := os.ReadDir("/proc/" + pid + "/fd")
+	if soft == "" || err != nil {
+		dr.t.Fatalf("no-files: cannot read serve's limits or descriptors: %v", err)
+	}
+	limit := len(fds) - 1 + dr.rng.IntN(3) // no descriptor left, or one or two
+	if out, err := exec.Command("prlimit", "--pid", pid, fmt.Sprintf("--nofile=%d:", limit)).CombinedOutput(); err != nil {
+		dr.t.Fatalf("prlimit: %v %s", err, out)
+	}
+	hold := time.Duration(300+dr.rng.IntN(700)) * time.Millisecond
+	time.Sleep(hold)
+	if out, err := exec.Command("prlimit", "--pid", pid, "--nofile="+soft+":").CombinedOutput(); err != nil {
+		dr.checkAlive()
+		if dr.d != nil {
+			dr.t.Fatalf("prlimit (give back): %v %s", err, out)
+		}
+	}
+	dr.checkAlive()
+	what := fmt.Sprintf("open files limited to %d for %v, then %s again", limit, hold.Round(time.Millisecond), soft)
+	if dr.d == nil {
+		what += "; " + dr.up()
+	}
+	return what
 }
 
 // secondServe starts another serve on the running one's data directory:
