@@ -62,7 +62,8 @@ type mark struct {
 type drawn struct {
 	fence, envelope atomic.Int64
 	dirty           atomic.Bool
-	mu              sync.Mutex // one writer of the file, or one settle, at a time
+	failing         atomic.Bool // the last write failed (warned once)
+	mu              sync.Mutex  // one writer of the file, or one settle, at a time
 }
 
 // readMark reads a mark file; a missing, torn or foreign one is no mark.
@@ -97,26 +98,34 @@ func (s *Store) checkMark(ctx context.Context) error {
 		return err
 	}
 	s.instance = id
-	if s.markFile == "" {
-		return nil
-	}
-	if m, ok := readMark(s.markFile); ok && m.Instance == id {
-		for _, c := range []struct {
-			seq     string
-			was, is int64
-		}{{"fence_seq", m.Fence, fence}, {"envelope_seq", m.Envelope, ev}} {
-			if c.is < c.was {
-				return &RestoredError{Schema: s.schema, Sequence: c.seq, Was: c.was, Now: c.is, MarkFile: s.markFile}
+	if s.markFile != "" {
+		if m, ok := readMark(s.markFile); ok && m.Instance == id {
+			for _, c := range []struct {
+				seq     string
+				was, is int64
+			}{{"fence_seq", m.Fence, fence}, {"envelope_seq", m.Envelope, ev}} {
+				if c.is < c.was {
+					return &RestoredError{Schema: s.schema, Sequence: c.seq, Was: c.was, Now: c.is, MarkFile: s.markFile}
+				}
 			}
 		}
 	}
 	s.drawn.fence.Store(fence)
 	s.drawn.envelope.Store(ev)
-	if err := os.MkdirAll(filepath.Dir(s.markFile), 0o700); err != nil {
-		return fmt.Errorf("pgstore: mark file: %w", err)
+	if s.markFile == "" {
+		return nil
 	}
-	if err := writeMark(s.markFile, mark{Instance: id, Fence: fence, Envelope: ev}); err != nil {
-		return fmt.Errorf("pgstore: mark file: %w", err)
+	err = os.MkdirAll(filepath.Dir(s.markFile), 0o700)
+	if err == nil {
+		err = writeMark(s.markFile, mark{Instance: id, Fence: fence, Envelope: ev})
+	}
+	if err != nil {
+		// A read-only data directory (a container's secret mount) must not
+		// keep the queue from serving: without the file a restore is still
+		// found while the store runs, only not across a restart.
+		s.log.Warn("mark file cannot be written: a database restored from a backup is found only while the store runs",
+			"operation", "mark", "status", "error", "error", errors.Unwrap(err))
+		s.markFile = ""
 	}
 	return nil
 }
@@ -220,7 +229,13 @@ func (s *Store) saveMark() {
 	m := mark{Instance: s.instance, Fence: s.drawn.fence.Load(), Envelope: s.drawn.envelope.Load()}
 	if err := writeMark(s.markFile, m); err != nil {
 		s.drawn.dirty.Store(true)
-		s.log.Warn("mark file not written", "operation", "mark", "status", "error", "error", errors.Unwrap(err))
+		if !s.drawn.failing.Swap(true) { // once, not every second
+			s.log.Warn("mark file not written", "operation", "mark", "status", "error", "error", errors.Unwrap(err))
+		}
+		return
+	}
+	if s.drawn.failing.Swap(false) {
+		s.log.Info("mark file written again", "operation", "mark", "status", "ok")
 	}
 }
 

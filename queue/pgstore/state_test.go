@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -246,6 +247,81 @@ func TestClockSkew_Warned(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
+// A mark file that cannot be written (a read-only data directory) does
+// not keep the store from opening: it warns once, and a restore under the
+// running store is still found, even before the store's first draw.
+func TestMarkFile_NotWritable(t *testing.T) {
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	open := func() (*pgstore.Store, error) {
+		return pgstore.Open(ctx, pgtest.DSN(), &pgstore.Options{Schema: schema, MarkFile: filepath.Join(notDir, "pg.mark"),
+			Options: queue.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
+	}
+	s, err := open()
+	if err != nil {
+		t.Fatalf("Open with a mark file that cannot be written = %v", err)
+	}
+	if _, err := s.Enqueue(ctx, queuetest.Reply("a", "u-a", "hi")); err != nil {
+		t.Fatal(err)
+	}
+	backup := pgDump(t, schema)
+	if _, err := s.Enqueue(ctx, queuetest.Reply("b", "u-b", "hi")); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if n := strings.Count(logs.String(), "mark file cannot be written"); n != 1 {
+		t.Errorf("warnings about the mark file = %d, want 1:\n%s", n, logs.String())
+	}
+
+	s, err = open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pgRestore(t, schema, backup)
+	if _, err := s.Enqueue(ctx, queuetest.Reply("c", "u-c", "hi")); err == nil {
+		t.Fatal("Enqueue on a database restored under the store before its first draw succeeded")
+	}
+	var re *pgstore.RestoredError
+	if err := s.Ping(ctx); !errors.As(err, &re) || !re.AtRuntime {
+		t.Errorf("Ping after a restore under the store = %v, want the RestoredError", err)
+	}
+}
+
+// pgDump dumps schema as an operator backs one up.
+func pgDump(t *testing.T, schema string) string {
+	t.Helper()
+	bin, err := pgtest.Bin("pg_dump")
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "dump.sql")
+	if out, err := exec.Command(bin, "-d", pgtest.DSN(), "-n", schema, "-f", file).CombinedOutput(); err != nil {
+		t.Fatalf("pg_dump: %v %s", err, out)
+	}
+	return file
+}
+
+// pgRestore drops schema and loads a dump of it, as an operator restores one.
+func pgRestore(t *testing.T, schema, file string) {
+	t.Helper()
+	if _, err := pgtest.Admin().Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	bin, err := pgtest.Bin("psql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "-d", pgtest.DSN(), "-q", "-v", "ON_ERROR_STOP=1", "-f", file).CombinedOutput(); err != nil {
+		t.Fatalf("psql: %v %s", err, out)
+	}
+}
+
 // A database restored from a backup (pg_dump, then DROP SCHEMA and psql
 // of the dump, as an operator restores one) is refused, by the mark file
 // at Open and by a running store at its next draw, instead of delivering
@@ -259,31 +335,8 @@ func TestRestoredDatabase(t *testing.T) {
 	open := func(mark string) (*pgstore.Store, error) {
 		return pgstore.Open(ctx, pgtest.DSN(), &pgstore.Options{Schema: schema, MarkFile: mark})
 	}
-	dump := func(name string) string {
-		t.Helper()
-		bin, err := pgtest.Bin("pg_dump")
-		if err != nil {
-			t.Fatal(err)
-		}
-		file := filepath.Join(t.TempDir(), name+".sql")
-		if out, err := exec.Command(bin, "-d", pgtest.DSN(), "-n", schema, "-f", file).CombinedOutput(); err != nil {
-			t.Fatalf("pg_dump: %v %s", err, out)
-		}
-		return file
-	}
-	restore := func(file string) {
-		t.Helper()
-		if _, err := pgtest.Admin().Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			t.Fatal(err)
-		}
-		bin, err := pgtest.Bin("psql")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if out, err := exec.Command(bin, "-d", pgtest.DSN(), "-q", "-v", "ON_ERROR_STOP=1", "-f", file).CombinedOutput(); err != nil {
-			t.Fatalf("psql: %v %s", err, out)
-		}
-	}
+	dump := func(string) string { t.Helper(); return pgDump(t, schema) }
+	restore := func(file string) { t.Helper(); pgRestore(t, schema, file) }
 	s, err := open(mark)
 	if err != nil {
 		t.Fatal(err)
