@@ -95,7 +95,7 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	}
 	key, err := httpapi.LoadOrCreateKey(c.Data)
 	if err != nil {
-		return fail(fmt.Errorf("unsubscribe key: %w", err))
+		return fail(err)
 	}
 	a.unsub = httpapi.NewUnsubscriber(key, c.PublicURL)
 	ro := &render.Options{UnsubscribeURL: a.unsub.URL, BaseURL: c.PublicURL, Brand: c.Brand}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/internal/nofollow"
@@ -40,19 +41,38 @@ var ErrInvalidToken = errors.New("httpapi: invalid unsubscribe token")
 func LoadOrCreateKey(dir string) ([]byte, error) {
 	path := filepath.Join(dir, KeyFile)
 	key, err := readKey(path)
-	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+	if err == nil || !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
 		return key, err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("unsubscribe key: %w", err)
+	if key, err = createKey(dir, path); err != nil {
+		// Name the file and what to do, without the temporary name.
+		return nil, fmt.Errorf("unsubscribe key %s does not exist and cannot be made (%w): run serve once on a writable --data, or put the key there", path, cause(err))
 	}
-	key = make([]byte, KeySize)
+	return key, nil
+}
+
+// cause is the system's reason for a failed file operation, without the path.
+func cause(err error) error {
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+		return pe.Err
+	}
+	if le := (*os.LinkError)(nil); errors.As(err, &le) {
+		return le.Err
+	}
+	return err
+}
+
+func createKey(dir, path string) ([]byte, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	key := make([]byte, KeySize)
 	if _, err := rand.Read(key); err != nil {
-		return nil, fmt.Errorf("unsubscribe key: %w", err)
+		return nil, err
 	}
 	tmp, err := os.CreateTemp(dir, KeyFile+".*.tmp")
 	if err != nil {
-		return nil, fmt.Errorf("unsubscribe key: %w", err)
+		return nil, err
 	}
 	defer os.Remove(tmp.Name())
 	err = tmp.Chmod(0o600)
@@ -66,14 +86,14 @@ func LoadOrCreateKey(dir string) ([]byte, error) {
 		err = cerr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("unsubscribe key: %w", err)
+		return nil, err
 	}
 	// link fails if the key appeared meanwhile: then that one wins.
 	if err := os.Link(tmp.Name(), path); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return readKey(path)
 		}
-		return nil, fmt.Errorf("unsubscribe key: %w", err)
+		return nil, err
 	}
 	if d, err := os.Open(dir); err == nil {
 		_ = d.Sync()

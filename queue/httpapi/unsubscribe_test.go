@@ -590,3 +590,18 @@ func TestUnsubscribe_ResubscribeChannels(t *testing.T) {
 		}
 	})
 }
+
+// A key that does not exist in a directory that cannot be written (a
+// read-only mount) is an error naming the key's file and what to do.
+func TestLoadOrCreateKey_CannotBeMade(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(file, "data") // under a file: no directory can be made
+	_, err := LoadOrCreateKey(dir)
+	want := filepath.Join(dir, KeyFile) + " does not exist and cannot be made (not a directory): run serve once on a writable --data"
+	if err == nil || !strings.Contains(err.Error(), want) || strings.Count(err.Error(), "unsubscribe key") != 1 {
+		t.Fatalf("LoadOrCreateKey under a file = %v, want %q", err, want)
+	}
+}
