@@ -115,6 +115,11 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 	} else {
 		fmt.Fprintf(e.Stdout, "logs %d, envelopes %d, rows %d, quarantined lines %d, unindexed bytes %d, consent journal records %d (bytes not applied yet %d)\n",
 			rep.Logs, rep.Envelopes, rep.Rows, rep.Quarantined, rep.Unindexed, rep.Journal, rep.JournalUnapplied)
+		if rep.FreeInodes != nil {
+			fmt.Fprintf(e.Stdout, "file system: %s free, %d inodes free\n", humanBytes(rep.FreeBytes), *rep.FreeInodes)
+		} else {
+			fmt.Fprintf(e.Stdout, "file system: %s free\n", humanBytes(rep.FreeBytes))
+		}
 		for _, p := range rep.Problems {
 			fmt.Fprintln(e.Stdout, "problem:", p)
 		}
@@ -232,14 +237,15 @@ func doctorAdvice(problems []string) string {
 		case strings.HasPrefix(p, "journal "):
 		case strings.HasPrefix(p, "log "), strings.HasPrefix(p, "envelope record "):
 			logs = true
-		case p == filestore.ReadOnlyProblem, strings.HasSuffix(p, "chown it to the store's user"):
+		case p == filestore.ReadOnlyProblem, p == filestore.NoSpaceProblem, p == filestore.NoInodesProblem,
+			strings.HasSuffix(p, "chown it to the store's user"):
 			files = true
 		default:
 			return "the store has problems; outbox doctor --rebuild rebuilds the index from the logs and the consent journal"
 		}
 	}
 	if files && !logs {
-		return "the store's files cannot be used as they are (see above): make the file system writable, or give the files back to the store's user; the index is fine, so do not rebuild for these"
+		return "the store's files cannot be used as they are (see above): make the file system writable, free space or inodes, or give the files back to the store's user; the index is fine, so do not rebuild for these"
 	}
 	if !logs {
 		return "the store's consent journal has problems (see the hints above); a rebuild reads the journal and would lose what it lacks, so do not rebuild for these"
@@ -252,4 +258,18 @@ func doctorAdvice(problems []string) string {
 func neverOpened(dir string) bool {
 	_, err := os.Stat(filepath.Join(dir, filestore.StampFile))
 	return errors.Is(err, os.ErrNotExist)
+}
+
+// humanBytes is n in the largest binary unit that keeps it at least 1.
+func humanBytes(n uint64) string {
+	const units = "KMGTPE"
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, i := float64(n)/1024, 0
+	for v >= 1024 && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	return fmt.Sprintf("%.1f %ciB", v, units[i])
 }

@@ -234,6 +234,11 @@ func smallFS(t *testing.T) string { return loopFS(t, "loop") }
 
 // loopFS is smallFS mounted with the given mount options ("loop" and more).
 func loopFS(t *testing.T, options string) string {
+	return loopFSWith(t, 1<<30, nil, options)
+}
+
+// loopFSWith is loopFS of size bytes, made with mkfs.ext4's extra args.
+func loopFSWith(t *testing.T, size int64, mkfs []string, options string) string {
 	dir := t.TempDir()
 	img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
 	if err := os.Mkdir(mnt, 0o700); err != nil {
@@ -242,10 +247,11 @@ func loopFS(t *testing.T, options string) string {
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Truncate(img, 1<<30); err != nil {
+	if err := os.Truncate(img, size); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range [][]string{{"mkfs.ext4", "-q", "-F", "-m", "0", img}, {"mount", "-o", options, img, mnt}} {
+	mk := append(append([]string{"mkfs.ext4", "-q", "-F", "-m", "0"}, mkfs...), img)
+	for _, c := range [][]string{mk, {"mount", "-o", options, img, mnt}} {
 		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 			t.Logf("fault drill: %s: %v %s", c[0], err, bytes.TrimSpace(out))
 			return ""

@@ -27,9 +27,13 @@ type Report struct {
 	Unindexed   int64 `json:"unindexed_bytes"` // complete log bytes past the indexed offsets
 	// The consent journal's records, and its complete bytes the index
 	// has not applied yet (the next open applies them).
-	Journal          int      `json:"journal_records"`
-	JournalUnapplied int64    `json:"journal_unapplied_bytes"`
-	Problems         []string `json:"problems,omitempty"`
+	Journal          int   `json:"journal_records"`
+	JournalUnapplied int64 `json:"journal_unapplied_bytes"`
+	// What the data directory's file system has left (df, df -i); no
+	// FreeInodes on one that does not count them (btrfs).
+	FreeBytes  uint64   `json:"free_bytes"`
+	FreeInodes *uint64  `json:"free_inodes,omitempty"`
+	Problems   []string `json:"problems,omitempty"`
 }
 
 // OK reports whether the check found no problem.
@@ -241,7 +245,40 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 	if err := writable(dir); errors.Is(err, syscall.EROFS) {
 		bad("%s", ReadOnlyProblem)
 	}
+	if sp, ok := freeSpace(dir); ok {
+		rep.FreeBytes = sp.bytes
+		if sp.limited {
+			rep.FreeInodes = &sp.inodes
+		}
+		switch {
+		case sp.bytes == 0:
+			bad("%s", NoSpaceProblem)
+		case sp.limited && sp.inodes == 0:
+			bad("%s", NoInodesProblem)
+		}
+	}
 	return rep, nil
+}
+
+// Check's problems for a data directory on a file system that is full:
+// enqueues are answered 507 storage_full until something is freed.
+const (
+	NoSpaceProblem  = "data directory: the file system has no space left: enqueues are refused (507 storage_full) until space is freed; the index is fine"
+	NoInodesProblem = "data directory: the file system has no free inodes (df -i) though it may have space: each user's log is a file, so enqueues for users without one are refused (507 storage_full); free inodes, or move the store to a file system with more of them (mkfs.ext4 -i, or XFS)"
+)
+
+type space struct {
+	bytes, inodes uint64
+	limited       bool // the file system counts inodes (btrfs does not)
+}
+
+// freeSpace is what the file system of dir has left for the store's user.
+func freeSpace(dir string) (space, bool) {
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) != nil {
+		return space{}, false
+	}
+	return space{bytes: uint64(st.Bavail) * uint64(st.Bsize), inodes: uint64(st.Ffree), limited: st.Files > 0}, true
 }
 
 // ReadOnlyProblem is Check's problem for a data directory on a file
