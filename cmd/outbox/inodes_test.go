@@ -57,6 +57,9 @@ func TestFault_NoFreeInodes(t *testing.T) {
 	if code, b := request(t, "POST", d.base+"/v1/envelopes", token, chatJSON("again", "u-0", 1)); code != http.StatusCreated {
 		t.Errorf("POST for a user with a log, without inodes = %d %s, want 201", code, b)
 	}
+	if code, b := request(t, "GET", d.base+"/metrics", "", nil); code != http.StatusOK || !strings.Contains(string(b), `outbox_storage_free_ratio{resource="inodes"} 0`+"\n") {
+		t.Errorf("metrics without inodes = %d, want outbox_storage_free_ratio{resource=\"inodes\"} 0:\n%s", code, grepLines(b, "outbox_storage_free_ratio"))
+	}
 	out, code := outboxEnv(t, bin, nil, "doctor", "--data", data) // through serve
 	if code == 0 || !strings.Contains(out, "problem: "+filestore.NoInodesProblem) || !strings.Contains(out, " 0 inodes free") {
 		t.Errorf("doctor without inodes: exit %d\n%s", code, out)
@@ -68,4 +71,15 @@ func TestFault_NoFreeInodes(t *testing.T) {
 	if out, code := outboxEnv(t, bin, nil, "doctor", "--data", data); code != 0 || !strings.Contains(out, "inodes free") {
 		t.Errorf("doctor with serve stopped (its socket and pid file freed inodes): exit %d\n%s", code, out)
 	}
+}
+
+// grepLines is the lines of b that contain s.
+func grepLines(b []byte, s string) string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

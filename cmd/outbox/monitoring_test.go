@@ -47,6 +47,7 @@ func servedMetrics(t *testing.T) map[string][]string {
 	ch := make(chan *prometheus.Desc)
 	go func() { reg.Describe(ch); close(ch) }()
 	desc := regexp.MustCompile(`^Desc\{fqName: "([^"]+)", .*variableLabels: \{([^}]*)\}\}$`)
+	constLabels := regexp.MustCompile(`constLabels: \{([^}]*)\}`)
 	out := map[string][]string{}
 	for d := range ch {
 		m := desc.FindStringSubmatch(d.String())
@@ -59,7 +60,15 @@ func servedMetrics(t *testing.T) map[string][]string {
 				labels = append(labels, l)
 			}
 		}
-		out[m[1]] = labels
+		// Constant labels (outbox_storage_free_ratio's resource) are labels too.
+		if c := constLabels.FindStringSubmatch(d.String()); c != nil {
+			for _, kv := range strings.Split(c[1], ",") {
+				if k, _, ok := strings.Cut(strings.TrimSpace(kv), "="); ok {
+					labels = append(labels, k)
+				}
+			}
+		}
+		out[m[1]] = append(out[m[1]], labels...)
 	}
 	for _, want := range []string{"outbox_queue_depth", "outbox_deliveries_total", "outbox_enqueued_total", "process_resident_memory_bytes"} {
 		if _, ok := out[want]; !ok {

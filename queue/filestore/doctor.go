@@ -268,8 +268,9 @@ const (
 )
 
 type space struct {
-	bytes, inodes uint64
-	limited       bool // the file system counts inodes (btrfs does not)
+	bytes, inodes           uint64 // free for the store's user
+	totalBytes, totalInodes uint64
+	limited                 bool // the file system counts inodes (btrfs does not)
 }
 
 // freeSpace is what the file system of dir has left for the store's user.
@@ -278,7 +279,9 @@ func freeSpace(dir string) (space, bool) {
 	if unix.Statfs(dir, &st) != nil {
 		return space{}, false
 	}
-	return space{bytes: uint64(st.Bavail) * uint64(st.Bsize), inodes: uint64(st.Ffree), limited: st.Files > 0}, true
+	bs := uint64(st.Bsize)
+	return space{bytes: uint64(st.Bavail) * bs, inodes: uint64(st.Ffree),
+		totalBytes: uint64(st.Blocks) * bs, totalInodes: uint64(st.Files), limited: st.Files > 0}, true
 }
 
 // ReadOnlyProblem is Check's problem for a data directory on a file
@@ -446,7 +449,7 @@ func fillIndex(dir string, db *bolt.DB, id string, o Options) (int, error) {
 		known:    map[string][]*prepared{},
 		cache:    newEnvCache(1),
 		app:      applog.NewAppender(dir, nil),
-		m:        newStoreMetrics(nil),
+		m:        newStoreMetrics(nil, ""),
 	}
 	q.db.Store(db)
 	defer q.app.Close()

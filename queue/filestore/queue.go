@@ -239,7 +239,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	} else {
 		q.app = applog.NewAppender(dir, nil)
 	}
-	q.m = newStoreMetrics(o.Registerer)
+	q.m = newStoreMetrics(o.Registerer, dir)
 	if err := q.init(); err != nil {
 		db.Close()
 		return nil, pointAtDoctor(dir, err)
