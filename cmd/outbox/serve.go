@@ -207,6 +207,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	reg := serveRegistry()
 	cfg := f.appConfig(log, reg, public, brand)
 	cfg.DatabaseURL = dsn
+	fresh := dsn == "" && neverOpened(cfg.Data)
 	a, err := buildApp(e, cfg)
 	if err != nil {
 		var inUse *filestore.StoreInUseError
@@ -218,6 +219,8 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	defer a.close()
 	if dsn != "" {
 		log.Info("store: PostgreSQL, schema "+cfg.DatabaseSchema, "operation", "serve")
+	} else {
+		logFileStore(ctx, log, a.q, cfg.Data, fresh)
 	}
 	for _, d := range a.described {
 		log.Info("channel "+d, "operation", "serve")
@@ -418,4 +421,27 @@ func ready(q queue.Store) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	return p.Ping(ctx) == nil
+}
+
+// logFileStore says at start which store serve opened and what waits in
+// it, so that a --data mistyped (a new, empty store beside the real one)
+// shows in the first lines of the log.
+func logFileStore(ctx context.Context, log *slog.Logger, q queue.Store, dir string, fresh bool) {
+	c, err := q.Counts(ctx, "")
+	if err != nil {
+		return
+	}
+	var n int
+	for _, byChannel := range c {
+		for _, k := range byChannel {
+			n += k
+		}
+	}
+	if fresh && n == 0 {
+		log.Info("store: files in "+dir+": a new, empty store (if one was expected there, check --data)", "operation", "serve")
+		return
+	}
+	log.Info(fmt.Sprintf("store: files in %s: %d pending, %d retryable, %d unresolved, %d dead_letter",
+		dir, c.Total(envelope.StatePending), c.Total(envelope.StateRetryable), c.Total(envelope.StateUnresolved), c.Total(envelope.StateDeadLetter)),
+		"operation", "serve")
 }
