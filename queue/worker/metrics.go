@@ -45,6 +45,7 @@ type metrics struct {
 	providerCall *prometheus.HistogramVec // channel, outcome
 	panics       *prometheus.CounterVec   // channel
 	unconfigured *prometheus.GaugeVec     // channel
+	paused       *prometheus.GaugeVec     // channel
 	depth        *depthCollector          // state
 }
 
@@ -88,6 +89,10 @@ func newMetrics(reg prometheus.Registerer, depth func(context.Context) (queue.Co
 			Name: "outbox_channel_unconfigured",
 			Help: "1 when a channel has no provider: its rows stay pending.",
 		}, []string{"channel"}),
+		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outbox_channel_paused",
+			Help: "1 while a channel is paused because its provider refused the credentials (auth_failed): its rows stay pending.",
+		}, []string{"channel"}),
 		depth: &depthCollector{
 			desc: prometheus.NewDesc("outbox_queue_depth",
 				"Rows in the queue by state (refreshed at most every few seconds).",
@@ -124,6 +129,9 @@ func newMetrics(reg prometheus.Registerer, depth func(context.Context) (queue.Co
 		return nil, err
 	}
 	if m.unconfigured, err = register(reg, m.unconfigured); err != nil {
+		return nil, err
+	}
+	if m.paused, err = register(reg, m.paused); err != nil {
 		return nil, err
 	}
 	if m.depth, err = register(reg, m.depth); err != nil {

@@ -92,6 +92,7 @@ func (w *Worker) deliver(ctx context.Context, l *queue.Lease, callDone func()) r
 	ctx, span := w.tracer.Start(ctx, spanDeliver, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attrChannel.String(string(ch)), attrProvider.String(w.names[ch])))
 	r := w.deliverLease(ctx, l, callDone)
+	w.paused.done(ch, l.Key)
 	endSpan(span, r)
 	w.logResult(ctx, "deliver", ch, r)
 	return r
@@ -131,8 +132,9 @@ func (w *Worker) deliverLease(ctx context.Context, l *queue.Lease, callDone func
 
 	start := time.Now()
 	rcpt, panicked, err := callDeliver(callCtx, w.providers[ch], l.Key, msg)
-	callDone()
 	d := forProvider(decide(err, panicked, ctx.Err() != nil, callCtx.Err() != nil), w.idem[ch])
+	w.notePause(ctx, ch, d.out) // before the slot is freed: the next claim sees the pause
+	callDone()
 	w.metrics.providerCall.WithLabelValues(string(ch), d.call).Observe(time.Since(start).Seconds())
 	if panicked {
 		w.metrics.panics.WithLabelValues(string(ch)).Inc()
@@ -351,4 +353,23 @@ func (w *Worker) release(ctx context.Context, l *queue.Lease) result {
 	}
 	w.metrics.deliveries.WithLabelValues(string(l.Channel), outcomeReleased).Inc()
 	return result{status: outcomeReleased}
+}
+
+// notePause pauses ch when its provider refused the credentials, and lifts
+// the pause when a delivery went through (see pauses).
+func (w *Worker) notePause(ctx context.Context, ch envelope.Channel, out queue.Outcome) {
+	switch {
+	case out.Class == envelope.ClassAuthFailed:
+		if d := w.paused.refused(ch, w.now()); d > 0 {
+			w.metrics.paused.WithLabelValues(string(ch)).Set(1)
+			w.log.WarnContext(ctx, "channel "+string(ch)+" paused for "+d.String()+": its provider refused the credentials; its other rows wait, pending, and one is tried when the pause ends (fix the credentials, then restart serve)",
+				"operation", "deliver", "channel", string(ch), "status", "paused", "error_class", string(envelope.ClassAuthFailed))
+		}
+	case out.State == envelope.StateSent:
+		if w.paused.accepted(ch) {
+			w.metrics.paused.WithLabelValues(string(ch)).Set(0)
+			w.log.InfoContext(ctx, "channel "+string(ch)+" resumed: its provider accepted a delivery",
+				"operation", "deliver", "channel", string(ch), "status", "resumed")
+		}
+	}
 }

@@ -57,6 +57,7 @@ type Worker struct {
 	channels     []envelope.Channel          // configured, in envelope.Channels order
 	unconfigured []envelope.Channel
 	limiters     map[envelope.Channel]*rate.Limiter
+	paused       pauses // channels whose provider refused the credentials
 	metrics      *metrics
 	tracer       trace.Tracer
 	log          *slog.Logger
@@ -157,6 +158,9 @@ func New(cfg Config) (*Worker, error) {
 			v = 1
 		}
 		w.metrics.unconfigured.WithLabelValues(string(ch)).Set(v)
+		if v == 0 {
+			w.metrics.paused.WithLabelValues(string(ch)).Set(0)
+		}
 	}
 	return w, nil
 }
@@ -340,12 +344,32 @@ func (w *Worker) turn(ctx context.Context) (progress, saturated bool, err error)
 			w.dispatch(ctx, "reconcile", l)
 		}
 	}
+	// A paused channel whose pause is over is tried with one row.
+	_, probe := w.paused.split(w.readyChannels(time.Now()), w.now())
+	for _, ch := range probe {
+		if w.free() == 0 {
+			break
+		}
+		leases, err := w.leases.Claim(ctx, w.request([]envelope.Channel{ch}, 1))
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logStoreError(ctx, "claim", err)
+			}
+			return progress, false, err
+		}
+		for _, l := range leases {
+			progress = true
+			w.paused.startProbe(ch, l.Key)
+			w.metrics.claims.WithLabelValues(string(l.Channel)).Inc()
+			w.dispatch(ctx, "deliver", l)
+		}
+	}
 	for {
 		n := w.free()
 		if n == 0 {
 			return progress, true, nil
 		}
-		chans := w.readyChannels(time.Now())
+		chans, _ := w.paused.split(w.readyChannels(time.Now()), w.now())
 		if len(chans) == 0 {
 			return progress, false, nil
 		}
@@ -448,6 +472,9 @@ func (w *Worker) nextWait(ctx context.Context, start time.Time, progress, satura
 	}
 	if tw := w.tokenWait(time.Now()); tw > 0 {
 		wait = min(wait, tw)
+	}
+	if pw := w.paused.wait(now); pw > 0 {
+		wait = min(wait, pw)
 	}
 	return wait
 }

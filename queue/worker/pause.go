@@ -1,0 +1,117 @@
+package worker
+
+import (
+	"sync"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+)
+
+// A channel whose provider refused the credentials (auth_failed: a
+// revoked or mistyped token, rotated keys) is paused. The row that met it
+// goes to dead_letter, as every permanent error does, but the rest of the
+// channel's backlog is not claimed, each of which would have gone the same
+// way: it waits, pending, while the pause lasts, and then one row at a
+// time is tried. A delivery that goes through lifts the pause; another
+// auth_failed doubles it, up to pauseMax.
+const (
+	pauseMin = time.Minute
+	pauseMax = 30 * time.Minute
+)
+
+type pauses struct {
+	mu sync.Mutex
+	m  map[envelope.Channel]*pause
+}
+
+type pause struct {
+	until  time.Time
+	length time.Duration
+	probe  *envelope.Key // the one row tried after the pause, in flight
+}
+
+// refused records an auth_failed of ch at now. It returns the pause's
+// length when it starts or doubles one (a probe's failure), 0 when a
+// delivery that was in flight as the pause began failed the same way.
+func (p *pauses) refused(ch envelope.Channel, now time.Time) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = map[envelope.Channel]*pause{}
+	}
+	ps := p.m[ch]
+	switch {
+	case ps == nil:
+		ps = &pause{length: pauseMin}
+		p.m[ch] = ps
+	case now.Before(ps.until):
+		return 0
+	default:
+		ps.length = min(2*ps.length, pauseMax)
+	}
+	ps.until, ps.probe = now.Add(ps.length), nil
+	return ps.length
+}
+
+// accepted lifts ch's pause; it reports whether there was one.
+func (p *pauses) accepted(ch envelope.Channel) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.m[ch]
+	delete(p.m, ch)
+	return ok
+}
+
+// done ends the delivery of key on ch: when it was the probe and told
+// nothing of the credentials (a network error, an expired row, a lease
+// given back), the next row is tried.
+func (p *pauses) done(ch envelope.Channel, key envelope.Key) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ps := p.m[ch]; ps != nil && ps.probe != nil && *ps.probe == key {
+		ps.probe = nil
+	}
+}
+
+// split sorts chans at now into those claimed as usual and those paused
+// whose pause is over and that have no probe in flight (claimed one row
+// at a time, as probes). Channels paused, or probing, are in neither.
+func (p *pauses) split(chans []envelope.Channel, now time.Time) (ready, probe []envelope.Channel) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.m) == 0 {
+		return chans, nil
+	}
+	ready = make([]envelope.Channel, 0, len(chans))
+	for _, ch := range chans {
+		switch ps := p.m[ch]; {
+		case ps == nil:
+			ready = append(ready, ch)
+		case !now.Before(ps.until) && ps.probe == nil:
+			probe = append(probe, ch)
+		}
+	}
+	return ready, probe
+}
+
+// startProbe marks key, of ch, the probe in flight.
+func (p *pauses) startProbe(ch envelope.Channel, key envelope.Key) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ps := p.m[ch]; ps != nil {
+		ps.probe = &key
+	}
+}
+
+// wait is how long until the first pause ends after now (0: none).
+func (p *pauses) wait(now time.Time) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var wait time.Duration
+	for _, ps := range p.m {
+		if d := ps.until.Sub(now); d > 0 && (wait == 0 || d < wait) {
+			wait = d
+		}
+	}
+	return wait
+}

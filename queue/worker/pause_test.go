@@ -1,0 +1,168 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/channels"
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/queuetest"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// A provider that refuses the credentials (a revoked Telegram token) does
+// not dead-letter the channel's whole backlog: the row that met it goes to
+// dead_letter, the channel pauses (1 min, then 2 min after a probe that
+// is refused again), its other rows stay pending, one row is tried when a
+// pause ends, and a delivery that goes through resumes the channel.
+func TestWorker_RefusedCredentialsPauseTheChannel(t *testing.T) {
+	te := newTestEnv(t, queue.Backoff{})
+	var refuse atomic.Bool
+	refuse.Store(true)
+	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelTelegram], deliverCtx: func(context.Context) (channels.Receipt, error) {
+		if refuse.Load() {
+			return channels.Receipt{}, envelope.Permanent(envelope.ClassAuthFailed, errors.New("401 Unauthorized"))
+		}
+		return channels.Receipt{ID: "m"}, nil
+	}}
+	var envs []*envelope.Envelope
+	for i := range 6 {
+		envs = append(envs, queuetest.Reply(fmt.Sprintf("r-%d", i), fmt.Sprintf("u-%d", i), "hi"))
+	}
+	te.enqueue(t, envs...)
+	var logs syncBuf
+	cfg := te.config()
+	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelTelegram: p}
+	cfg.Concurrency = 1
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	r := startWorker(t, cfg)
+	paused := func() float64 { return testutil.ToFloat64(r.w.metrics.paused.WithLabelValues("telegram")) }
+	check := func(step string, calls, dead, sent int, gauge float64) {
+		t.Helper()
+		var c queue.Counts
+		// A slot is free once its call returned, before its commit lands.
+		waitFor(t, step, func() bool {
+			var err error
+			if c, err = te.store.Counts(context.Background(), ""); err != nil {
+				t.Fatal(err)
+			}
+			return c.Total(envelope.StateDeadLetter)+c.Total(envelope.StateSent) >= dead+sent
+		})
+		if n := len(p.Calls()); n != calls {
+			t.Errorf("%s: %d provider calls, want %d", step, n, calls)
+		}
+		if got := c.Total(envelope.StateDeadLetter); got != dead {
+			t.Errorf("%s: %d dead_letter, want %d", step, got, dead)
+		}
+		if got := c.Total(envelope.StateSent); got != sent {
+			t.Errorf("%s: %d sent, want %d", step, got, sent)
+		}
+		if got := c.Total(envelope.StatePending); got != 6-dead-sent {
+			t.Errorf("%s: %d pending, want %d", step, got, 6-dead-sent)
+		}
+		if got := paused(); got != gauge {
+			t.Errorf("%s: outbox_channel_paused = %v, want %v", step, got, gauge)
+		}
+	}
+
+	r.idle(t)
+	check("refused", 1, 1, 0, 1)
+	r.advance(t, te.clock, pauseMin-time.Second)
+	check("within the pause", 1, 1, 0, 1)
+	r.advance(t, te.clock, time.Second)
+	check("the probe, refused", 2, 2, 0, 1)
+	r.advance(t, te.clock, pauseMin)
+	check("within the doubled pause", 2, 2, 0, 1)
+	refuse.Store(false) // the operator fixed the token
+	r.advance(t, te.clock, pauseMin)
+	r.idle(t)
+	check("the probe, accepted, then the rest", 6, 2, 4, 0)
+
+	out := logs.String()
+	for _, want := range []string{"channel telegram paused for 1m0s", "channel telegram paused for 2m0s", "channel telegram resumed"} {
+		if strings.Count(out, want) != 1 {
+			t.Errorf("log lines %q: %d, want 1:\n%s", want, strings.Count(out, want), out)
+		}
+	}
+}
+
+// pauses on its own: a failure of a delivery in flight when the pause began
+// does not lengthen it, a probe that tells nothing lets the next row be
+// tried, and the wait names the first pause to end.
+func TestPauses(t *testing.T) {
+	var p pauses
+	now := t0
+	tg, em := envelope.ChannelTelegram, envelope.ChannelEmail
+	all := []envelope.Channel{em, tg}
+	if ready, probe := p.split(all, now); len(ready) != 2 || len(probe) != 0 {
+		t.Fatalf("split with no pause = %v %v", ready, probe)
+	}
+	if d := p.refused(tg, now); d != pauseMin {
+		t.Fatalf("first refusal paused for %v", d)
+	}
+	if d := p.refused(tg, now.Add(time.Second)); d != 0 {
+		t.Errorf("a refusal in flight lengthened the pause by %v", d)
+	}
+	if ready, probe := p.split(all, now.Add(time.Second)); len(ready) != 1 || ready[0] != em || len(probe) != 0 {
+		t.Errorf("split within the pause = %v %v", ready, probe)
+	}
+	if w := p.wait(now.Add(10 * time.Second)); w != pauseMin-10*time.Second {
+		t.Errorf("wait = %v", w)
+	}
+	end := now.Add(pauseMin)
+	_, probe := p.split(all, end)
+	if len(probe) != 1 || probe[0] != tg {
+		t.Fatalf("split after the pause: probe %v", probe)
+	}
+	k := envelope.Key{Tenant: "default", EnvelopeID: "x", Segment: 0}
+	p.startProbe(tg, k)
+	if _, probe := p.split(all, end); len(probe) != 0 {
+		t.Errorf("a second probe while one is in flight: %v", probe)
+	}
+	p.done(tg, envelope.Key{Tenant: "default", EnvelopeID: "other"})
+	if _, probe := p.split(all, end); len(probe) != 0 {
+		t.Errorf("another row's end freed the probe: %v", probe)
+	}
+	p.done(tg, k) // a network error: nothing learnt
+	if _, probe := p.split(all, end); len(probe) != 1 {
+		t.Errorf("after a probe that told nothing: probe %v", probe)
+	}
+	d := pauseMin
+	for range 10 {
+		end = end.Add(d)
+		d = p.refused(tg, end)
+	}
+	if d != pauseMax {
+		t.Errorf("pause after many refused probes = %v, want %v", d, pauseMax)
+	}
+	if !p.accepted(tg) || p.accepted(tg) {
+		t.Error("accepted should lift the pause once")
+	}
+}
+
+// syncBuf is a bytes.Buffer safe for the worker's concurrent log writes.
+type syncBuf struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuf) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuf) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
