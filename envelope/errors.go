@@ -18,6 +18,7 @@ const (
 	ClassQuotaExceeded       ErrorClass = "quota_exceeded"
 	ClassTimeout             ErrorClass = "timeout"
 	ClassNetwork             ErrorClass = "network_error"
+	ClassUnreachable         ErrorClass = "provider_unreachable" // no connection was made: nothing was sent
 	ClassProviderUnavailable ErrorClass = "provider_unavailable"
 	ClassInvalidRecipient    ErrorClass = "invalid_recipient"
 	ClassSubscriptionGone    ErrorClass = "subscription_gone"

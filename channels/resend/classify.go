@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
 )
 
@@ -131,6 +132,8 @@ func (p *Provider) noAnswer(ctx context.Context, op string, err error) *envelope
 		de = classified(envelope.Retryable(envelope.ClassInterrupted, &callError{"resend: call cancelled", cerr}))
 	case errors.Is(err, errLimiter):
 		de = classified(envelope.Retryable(envelope.ClassTimeout, errLimiter))
+	case channels.NotConnected(err):
+		de = classified(envelope.Retryable(envelope.ClassUnreachable, &callError{"resend: the service could not be reached", nil}))
 	case isTimeout(err):
 		de = classified(envelope.Retryable(envelope.ClassTimeout, &callError{"resend: call timed out", nil}))
 	default:

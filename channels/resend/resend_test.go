@@ -356,10 +356,31 @@ func TestProvider_Deliver_NoAnswer(t *testing.T) {
 		p := mustProvider(t, Options{APIKey: testAPIKey, From: "a@example.com", BaseURL: "http://" + addr, Rate: rate.Inf,
 			Logger: slog.New(slog.DiscardHandler)})
 		_, err = p.Deliver(context.Background(), envelope.Key{EnvelopeID: "e"}, emailMessage("r@example.net", "s"))
-		mustClass(t, err, envelope.KindRetryable, envelope.ClassNetwork)
+		mustClass(t, err, envelope.KindRetryable, envelope.ClassUnreachable)
 		if strings.Contains(err.Error(), addr) {
 			t.Errorf("error %q contains the URL", err)
 		}
+	})
+	t.Run("connection cut after the request", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				_, _ = c.Read(make([]byte, 4096)) // the request reached the service
+				c.Close()
+			}
+		}()
+		p := mustProvider(t, Options{APIKey: testAPIKey, From: "a@example.com", BaseURL: "http://" + ln.Addr().String(), Rate: rate.Inf,
+			Logger: slog.New(slog.DiscardHandler)})
+		_, err = p.Deliver(context.Background(), envelope.Key{EnvelopeID: "e"}, emailMessage("r@example.net", "s"))
+		mustClass(t, err, envelope.KindRetryable, envelope.ClassNetwork)
 	})
 
 	hanging := func(t *testing.T) (*fakeResend, chan struct{}) {

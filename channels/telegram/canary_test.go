@@ -89,7 +89,7 @@ func TestProvider_Canary(t *testing.T) {
 	deliver(ctx, hung.srv.URL, hung.srv.Client())
 	cancel()
 
-	// A network error: the server is gone. net/http's error quotes the URL
+	// The server is gone (provider_unreachable). net/http's error quotes the URL
 	// with the token; make sure of it, then that ours does not.
 	gone := httptest.NewServer(http.NotFoundHandler())
 	base := gone.URL
@@ -130,7 +130,7 @@ func TestProvider_Canary(t *testing.T) {
 			t.Errorf("log output contains canary %q:\n%s", c, out)
 		}
 	}
-	for _, want := range []string{`"error_class":"blocked_by_user"`, `"error_class":"auth_failed"`, `"hint":`, `"error_class":"network_error"`, `"error_class":"timeout"`, `"error_code":429`} {
+	for _, want := range []string{`"error_class":"blocked_by_user"`, `"error_class":"auth_failed"`, `"hint":`, `"error_class":"provider_unreachable"`, `"error_class":"timeout"`, `"error_code":429`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log output lacks %s:\n%s", want, out)
 		}

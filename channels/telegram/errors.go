@@ -1,7 +1,6 @@
 package telegram
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"strconv"
@@ -36,40 +35,15 @@ var (
 	errEmptyText = errors.New("telegram: message text is empty")
 	errEncode    = errors.New("telegram: cannot build the request")
 	errPacing    = errors.New("telegram: pacing wait would outlast the deadline")
-	errNetwork   = errors.New("telegram: network error talking to the Bot API")
-	errTimeout   = timeoutError{}
 	// errMigrated marks a chat that became a supergroup (the app must
 	// switch to migrate_to_chat_id).
 	errMigrated = errors.New("telegram: chat migrated to a supergroup")
 )
 
-// timeoutError is the redacted cause of a request that timed out.
-type timeoutError struct{}
-
-func (timeoutError) Error() string { return "telegram: Bot API request timed out" }
-
-// Timeout reports true.
-func (timeoutError) Timeout() bool { return true }
-
 // migratedError wraps an APIError for a migrated chat.
 type migratedError struct{ *APIError }
 
 func (e migratedError) Unwrap() []error { return []error{e.APIError, errMigrated} }
-
-// classifyNetErr maps an error from calling the Bot API to a DeliveryError.
-// The raw error's text (which quotes the URL, and so the token) is dropped.
-func classifyNetErr(err error) error {
-	var t interface{ Timeout() bool }
-	switch {
-	case errors.Is(err, context.Canceled):
-		return envelope.Retryable(envelope.ClassTimeout, context.Canceled)
-	case errors.Is(err, context.DeadlineExceeded):
-		return envelope.Retryable(envelope.ClassTimeout, context.DeadlineExceeded)
-	case errors.As(err, &t) && t.Timeout():
-		return envelope.Retryable(envelope.ClassTimeout, errTimeout)
-	}
-	return envelope.Retryable(envelope.ClassNetwork, errNetwork)
-}
 
 // Description fragments (lower case) that mean the bot can no longer write
 // to the chat.

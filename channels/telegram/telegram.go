@@ -309,7 +309,7 @@ func (p *Provider) send(ctx context.Context, msg *envelope.Message) (rc channels
 	req.Header.Set("Accept", "application/json")
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return rc, 0, 0, classifyNetErr(err)
+		return rc, 0, 0, channels.ClassifyTransport(err)
 	}
 	defer func() {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -322,7 +322,7 @@ func (p *Provider) send(ctx context.Context, msg *envelope.Message) (rc channels
 		return channels.Receipt{ID: strconv.FormatInt(ar.Result.MessageID, 10)}, resp.StatusCode, 0, nil
 	}
 	if readErr != nil && resp.StatusCode == http.StatusOK {
-		return rc, resp.StatusCode, 0, classifyNetErr(readErr)
+		return rc, resp.StatusCode, 0, channels.ClassifyTransport(readErr)
 	}
 	if decodeErr != nil {
 		ar = apiResponse{} // not the Bot API talking (a proxy's page): go by the status

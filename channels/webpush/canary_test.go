@@ -78,7 +78,7 @@ func TestProvider_Canary(t *testing.T) {
 	check(ctx, sub(ps), ps.srv.Client(), true)
 	cancel()
 
-	// A network error: a server that is gone. net/http's own error names
+	// A server that is gone (provider_unreachable). net/http's own error names
 	// the URL; make sure of it, then that ours does not.
 	gone := httptest.NewServer(http.NotFoundHandler())
 	goneSub := sub(&pushService{srv: gone, uaPriv: uaPriv, auth: auth})
@@ -125,7 +125,7 @@ func TestProvider_Canary(t *testing.T) {
 			t.Errorf("log output contains a canary %q:\n%s", s, out)
 		}
 	}
-	for _, want := range []string{`"error_class":"auth_failed"`, `"hint":`, `"error_class":"network_error"`, `"error_class":"timeout"`, `"status":410`} {
+	for _, want := range []string{`"error_class":"auth_failed"`, `"hint":`, `"error_class":"provider_unreachable"`, `"error_class":"timeout"`, `"status":410`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log output lacks %s (the test would not see a leak there):\n%s", want, out)
 		}

@@ -1,13 +1,13 @@
 package webpush
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
 )
 
@@ -30,34 +30,16 @@ var (
 	errBadSubscriptionKeys = errors.New("webpush: subscription keys are not a P-256 p256dh and a 16-byte auth")
 	errBadTopic            = errors.New("webpush: topic is not 1-32 URL-safe base64 characters")
 	errBadUrgency          = errors.New("webpush: urgency is not very-low, low, normal or high")
-	errNetwork             = errors.New("webpush: network error talking to the push service")
-	errTimeout             = timeoutError{}
 )
-
-// timeoutError is the redacted cause of a request that timed out.
-type timeoutError struct{}
-
-func (timeoutError) Error() string { return "webpush: push service request timed out" }
-
-// Timeout reports true.
-func (timeoutError) Timeout() bool { return true }
 
 // classifyNetErr maps an error from resolving or calling the push service
 // to a DeliveryError. The raw error (whose text holds the endpoint URL) is
 // replaced by a redacted cause.
 func classifyNetErr(err error) error {
-	var t interface{ Timeout() bool }
-	switch {
-	case errors.Is(err, ErrEndpointNotAllowed):
+	if errors.Is(err, ErrEndpointNotAllowed) {
 		return envelope.Permanent(envelope.ClassInvalidRecipient, ErrEndpointNotAllowed)
-	case errors.Is(err, context.Canceled):
-		return envelope.Retryable(envelope.ClassTimeout, context.Canceled)
-	case errors.Is(err, context.DeadlineExceeded):
-		return envelope.Retryable(envelope.ClassTimeout, context.DeadlineExceeded)
-	case errors.As(err, &t) && t.Timeout():
-		return envelope.Retryable(envelope.ClassTimeout, errTimeout)
 	}
-	return envelope.Retryable(envelope.ClassNetwork, errNetwork)
+	return channels.ClassifyTransport(err)
 }
 
 // classifyStatus maps a push service's answer to nil (2xx) or a

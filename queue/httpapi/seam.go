@@ -162,7 +162,7 @@ var knownClasses = func() map[envelope.ErrorClass]bool {
 	m := map[envelope.ErrorClass]bool{}
 	for _, c := range []envelope.ErrorClass{
 		envelope.ClassRateLimited, envelope.ClassQuotaExceeded, envelope.ClassTimeout,
-		envelope.ClassNetwork, envelope.ClassProviderUnavailable, envelope.ClassInvalidRecipient,
+		envelope.ClassNetwork, envelope.ClassUnreachable, envelope.ClassProviderUnavailable, envelope.ClassInvalidRecipient,
 		envelope.ClassSubscriptionGone, envelope.ClassPayloadTooLarge, envelope.ClassInvalidRequest,
 		envelope.ClassAuthFailed, envelope.ClassBlockedByUser, envelope.ClassBounced,
 		envelope.ClassComplaint, envelope.ClassUnsubscribed, envelope.ClassConsentWithdrawn, envelope.ClassNoConsent,

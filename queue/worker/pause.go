@@ -8,16 +8,31 @@ import (
 )
 
 // A channel whose provider refused the credentials (auth_failed: a
-// revoked or mistyped token, rotated keys) is paused. The row that met it
-// goes to dead_letter, as every permanent error does, but the rest of the
-// channel's backlog is not claimed, each of which would have gone the same
-// way: it waits, pending, while the pause lasts, and then one row at a
-// time is tried. A delivery that goes through lifts the pause; another
-// auth_failed doubles it, up to pauseMax.
-const (
-	pauseMin = time.Minute
-	pauseMax = 30 * time.Minute
+// revoked or mistyped token, rotated keys) or could not be reached at all
+// (provider_unreachable: its name does not resolve, the connection is
+// refused, this host's network is down) is paused. The row that met it
+// ends as the class says (auth_failed: dead_letter, as every permanent
+// error; unreachable: retryable, its attempt given back, for nothing was
+// sent), but the rest of the channel's backlog is not claimed, each of
+// which would have gone the same way: it waits while the pause lasts, and
+// then one row at a time is tried. A delivery that goes through lifts the
+// pause; another failure of the same class doubles it, up to its maximum.
+var pauseLengths = map[envelope.ErrorClass]struct{ min, max time.Duration }{
+	envelope.ClassAuthFailed:  {time.Minute, 30 * time.Minute},
+	envelope.ClassUnreachable: {5 * time.Second, 5 * time.Minute},
+}
+
+// pauseMin and pauseMax are auth_failed's.
+var (
+	pauseMin = pauseLengths[envelope.ClassAuthFailed].min
+	pauseMax = pauseLengths[envelope.ClassAuthFailed].max
 )
+
+// pausing reports whether class pauses its channel.
+func pausing(class envelope.ErrorClass) bool {
+	_, ok := pauseLengths[class]
+	return ok
+}
 
 type pauses struct {
 	mu sync.Mutex
@@ -25,15 +40,18 @@ type pauses struct {
 }
 
 type pause struct {
+	class  envelope.ErrorClass
 	until  time.Time
 	length time.Duration
 	probe  *envelope.Key // the one row tried after the pause, in flight
 }
 
-// refused records an auth_failed of ch at now. It returns the pause's
-// length when it starts or doubles one (a probe's failure), 0 when a
-// delivery that was in flight as the pause began failed the same way.
-func (p *pauses) refused(ch envelope.Channel, now time.Time) time.Duration {
+// refused records a failure of ch with a pausing class at now. It returns
+// the pause's length when it starts or doubles one (a probe's failure),
+// 0 when a delivery that was in flight as the pause began failed the same
+// way; and when the pause ends.
+func (p *pauses) refused(ch envelope.Channel, class envelope.ErrorClass, now time.Time) (time.Duration, time.Time) {
+	lengths := pauseLengths[class]
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.m == nil {
@@ -41,16 +59,16 @@ func (p *pauses) refused(ch envelope.Channel, now time.Time) time.Duration {
 	}
 	ps := p.m[ch]
 	switch {
-	case ps == nil:
-		ps = &pause{length: pauseMin}
+	case ps == nil || ps.class != class:
+		ps = &pause{class: class, length: lengths.min}
 		p.m[ch] = ps
 	case now.Before(ps.until):
-		return 0
+		return 0, ps.until
 	default:
-		ps.length = min(2*ps.length, pauseMax)
+		ps.length = min(2*ps.length, lengths.max)
 	}
 	ps.until, ps.probe = now.Add(ps.length), nil
-	return ps.length
+	return ps.length, ps.until
 }
 
 // accepted lifts ch's pause; it reports whether there was one.

@@ -95,6 +95,57 @@ func TestWorker_RefusedCredentialsPauseTheChannel(t *testing.T) {
 	}
 }
 
+// A provider that cannot be reached (this host's network down, the
+// service's name not resolving) pauses the channel too, and no row uses
+// up its attempts while it lasts: with 3 attempts allowed, 6 rows go
+// through 8 refused connections and are all delivered once the service
+// answers again, none dead-lettered.
+func TestWorker_UnreachableProviderPausesWithoutUsingAttempts(t *testing.T) {
+	te := newTestEnv(t, queue.Backoff{Base: time.Second, MaxAttempts: 3})
+	var down atomic.Bool
+	down.Store(true)
+	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelTelegram], deliverCtx: func(context.Context) (channels.Receipt, error) {
+		if down.Load() {
+			return channels.Receipt{}, envelope.Retryable(envelope.ClassUnreachable, errors.New("dial tcp: connection refused"))
+		}
+		return channels.Receipt{ID: "m"}, nil
+	}}
+	var envs []*envelope.Envelope
+	for i := range 6 {
+		envs = append(envs, queuetest.Reply(fmt.Sprintf("r-%d", i), fmt.Sprintf("u-%d", i), "hi"))
+	}
+	te.enqueue(t, envs...)
+	cfg := te.config()
+	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelTelegram: p}
+	cfg.Concurrency = 1
+	r := startWorker(t, cfg)
+	r.idle(t)
+	lengths := pauseLengths[envelope.ClassUnreachable]
+	d := lengths.min
+	for range 7 {
+		r.advance(t, te.clock, d)
+		d = min(2*d, lengths.max)
+	}
+	if n := len(p.Calls()); n != 8 {
+		t.Errorf("%d calls while unreachable, want 8 (the first, then one per pause)", n)
+	}
+	if got := testutil.ToFloat64(r.w.metrics.paused.WithLabelValues("telegram")); got != 1 {
+		t.Errorf("outbox_channel_paused = %v while unreachable", got)
+	}
+	down.Store(false)
+	r.advance(t, te.clock, d)
+	r.idle(t)
+	for _, e := range envs {
+		seg := segment(t, te.store, keyOf(e, 0))
+		if seg.State != envelope.StateSent || seg.Attempts != 1 {
+			t.Errorf("%s: %s after %d attempts, want sent after 1 (the refused connections are given back)", e.ID, seg.State, seg.Attempts)
+		}
+	}
+	if got := testutil.ToFloat64(r.w.metrics.paused.WithLabelValues("telegram")); got != 0 {
+		t.Errorf("outbox_channel_paused = %v after the service answered", got)
+	}
+}
+
 // pauses on its own: a failure of a delivery in flight when the pause began
 // does not lengthen it, a probe that tells nothing lets the next row be
 // tried, and the wait names the first pause to end.
@@ -106,10 +157,10 @@ func TestPauses(t *testing.T) {
 	if ready, probe := p.split(all, now); len(ready) != 2 || len(probe) != 0 {
 		t.Fatalf("split with no pause = %v %v", ready, probe)
 	}
-	if d := p.refused(tg, now); d != pauseMin {
+	if d := first(p.refused(tg, envelope.ClassAuthFailed, now)); d != pauseMin {
 		t.Fatalf("first refusal paused for %v", d)
 	}
-	if d := p.refused(tg, now.Add(time.Second)); d != 0 {
+	if d := first(p.refused(tg, envelope.ClassAuthFailed, now.Add(time.Second))); d != 0 {
 		t.Errorf("a refusal in flight lengthened the pause by %v", d)
 	}
 	if ready, probe := p.split(all, now.Add(time.Second)); len(ready) != 1 || ready[0] != em || len(probe) != 0 {
@@ -139,7 +190,7 @@ func TestPauses(t *testing.T) {
 	d := pauseMin
 	for range 10 {
 		end = end.Add(d)
-		d = p.refused(tg, end)
+		d, _ = p.refused(tg, envelope.ClassAuthFailed, end)
 	}
 	if d != pauseMax {
 		t.Errorf("pause after many refused probes = %v, want %v", d, pauseMax)
@@ -166,3 +217,5 @@ func (b *syncBuf) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+func first[A, B any](a A, _ B) A { return a }

@@ -53,7 +53,7 @@ func (c *canaries) find(s string) []string {
 // knownClasses are the stable error classes a row may carry.
 var knownClasses = map[envelope.ErrorClass]bool{
 	envelope.ClassNone: true, envelope.ClassRateLimited: true, envelope.ClassQuotaExceeded: true,
-	envelope.ClassTimeout: true, envelope.ClassNetwork: true, envelope.ClassProviderUnavailable: true,
+	envelope.ClassTimeout: true, envelope.ClassNetwork: true, envelope.ClassUnreachable: true, envelope.ClassProviderUnavailable: true,
 	envelope.ClassInvalidRecipient: true, envelope.ClassSubscriptionGone: true, envelope.ClassPayloadTooLarge: true,
 	envelope.ClassInvalidRequest: true, envelope.ClassAuthFailed: true, envelope.ClassBlockedByUser: true,
 	envelope.ClassBounced: true, envelope.ClassComplaint: true, envelope.ClassUnsubscribed: true,

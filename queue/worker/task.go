@@ -61,6 +61,8 @@ func decide(err error, panicked, interrupted, timedOut bool) decision {
 		class = envelope.ClassUnknown
 	}
 	switch {
+	case class == envelope.ClassUnreachable:
+		// No connection was made, whatever ended the call: nothing was sent.
 	case interrupted:
 		return decision{call: callInterrupted, out: queue.Outcome{State: envelope.StateSending, Class: envelope.ClassInterrupted}}
 	case timedOut || class == envelope.ClassTimeout:
@@ -74,13 +76,14 @@ func decide(err error, panicked, interrupted, timedOut bool) decision {
 // idempotently (Telegram): a retryable failure whose request may have
 // reached the service (a 5xx, a network error, an unknown error) is not
 // resent blindly but left for reconciliation, like a lost receipt. Only
-// failures that certainly sent nothing (rate limits, quotas) are retried.
+// failures that certainly sent nothing (rate limits, quotas, a service
+// that could not be reached) are retried.
 func forProvider(d decision, idempotent bool) decision {
 	if idempotent || !d.commit || d.out.State != envelope.StateRetryable || d.call == callPanic {
 		return d
 	}
 	switch d.out.Class {
-	case envelope.ClassRateLimited, envelope.ClassQuotaExceeded:
+	case envelope.ClassRateLimited, envelope.ClassQuotaExceeded, envelope.ClassUnreachable:
 		return d
 	}
 	return decision{call: callLost, out: queue.Outcome{State: envelope.StateSending, Class: d.out.Class}}
@@ -133,7 +136,7 @@ func (w *Worker) deliverLease(ctx context.Context, l *queue.Lease, callDone func
 	start := time.Now()
 	rcpt, panicked, err := callDeliver(callCtx, w.providers[ch], l.Key, msg)
 	d := forProvider(decide(err, panicked, ctx.Err() != nil, callCtx.Err() != nil), w.idem[ch])
-	w.notePause(ctx, ch, d.out) // before the slot is freed: the next claim sees the pause
+	d.out = w.notePause(ctx, ch, d.out) // before the slot is freed: the next claim sees the pause
 	callDone()
 	w.metrics.providerCall.WithLabelValues(string(ch), d.call).Observe(time.Since(start).Seconds())
 	if panicked {
@@ -355,16 +358,28 @@ func (w *Worker) release(ctx context.Context, l *queue.Lease) result {
 	return result{status: outcomeReleased}
 }
 
-// notePause pauses ch when its provider refused the credentials, and lifts
-// the pause when a delivery went through (see pauses).
-func (w *Worker) notePause(ctx context.Context, ch envelope.Channel, out queue.Outcome) {
+// notePause pauses ch when its provider refused the credentials or could
+// not be reached, and lifts the pause when a delivery went through (see
+// pauses). It returns out, for an unreachable provider with the attempt
+// given back and the retry at the pause's end.
+func (w *Worker) notePause(ctx context.Context, ch envelope.Channel, out queue.Outcome) queue.Outcome {
 	switch {
-	case out.Class == envelope.ClassAuthFailed:
-		if d := w.paused.refused(ch, w.now()); d > 0 {
-			w.metrics.paused.WithLabelValues(string(ch)).Set(1)
-			w.log.WarnContext(ctx, "channel "+string(ch)+" paused for "+d.String()+": its provider refused the credentials; its other rows wait, pending, and one is tried when the pause ends (fix the credentials, then restart serve)",
-				"operation", "deliver", "channel", string(ch), "status", "paused", "error_class", string(envelope.ClassAuthFailed))
+	case pausing(out.Class):
+		now := w.now()
+		d, until := w.paused.refused(ch, out.Class, now)
+		if out.Class == envelope.ClassUnreachable && out.State == envelope.StateRetryable {
+			out.NoAttempt, out.RetryAfter = true, max(until.Sub(now), out.RetryAfter)
 		}
+		if d == 0 {
+			return out
+		}
+		w.metrics.paused.WithLabelValues(string(ch)).Set(1)
+		why := "its provider refused the credentials; its other rows wait, pending, and one is tried when the pause ends (fix the credentials, then restart serve)"
+		if out.Class == envelope.ClassUnreachable {
+			why = "its provider could not be reached (no connection was made: its name, the network, a firewall); its rows wait without using their attempts, and one is tried when the pause ends"
+		}
+		w.log.WarnContext(ctx, "channel "+string(ch)+" paused for "+d.String()+": "+why,
+			"operation", "deliver", "channel", string(ch), "status", "paused", "error_class", string(out.Class))
 	case out.State == envelope.StateSent:
 		if w.paused.accepted(ch) {
 			w.metrics.paused.WithLabelValues(string(ch)).Set(0)
@@ -372,4 +387,5 @@ func (w *Worker) notePause(ctx context.Context, ch envelope.Channel, out queue.O
 				"operation", "deliver", "channel", string(ch), "status", "resumed")
 		}
 	}
+	return out
 }

@@ -840,6 +840,8 @@ func TestDecide(t *testing.T) {
 		{"InterruptedPlain", context.Canceled, false, true, false, false, envelope.StateSending, envelope.ClassInterrupted, callInterrupted},
 		{"PermanentDuringShutdown", envelope.Permanent(envelope.ClassAuthFailed, raw), false, true, false, true, envelope.StateDeadLetter, envelope.ClassAuthFailed, callPermanent},
 		{"SuccessDuringShutdown", nil, false, true, false, true, envelope.StateSent, "", callSent},
+		{"UnreachableAtTheLeaseDeadline", envelope.Retryable(envelope.ClassUnreachable, raw), false, false, true, true, envelope.StateRetryable, envelope.ClassUnreachable, callRetryable},
+		{"UnreachableDuringShutdown", envelope.Retryable(envelope.ClassUnreachable, raw), false, true, false, true, envelope.StateRetryable, envelope.ClassUnreachable, callRetryable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := decide(tc.err, tc.panicked, tc.interr, tc.timeout)
@@ -860,6 +862,7 @@ func TestDecide(t *testing.T) {
 			{raw, false},
 			{envelope.RetryAfter(envelope.ClassRateLimited, time.Second, raw), true},
 			{envelope.Retryable(envelope.ClassQuotaExceeded, raw), true},
+			{envelope.Retryable(envelope.ClassUnreachable, raw), true}, // no connection: nothing sent
 			{envelope.Permanent(envelope.ClassInvalidRequest, raw), true},
 			{nil, true},
 		} {

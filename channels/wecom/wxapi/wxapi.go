@@ -23,6 +23,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/envelope"
 )
 
@@ -141,7 +142,7 @@ func (r *Result) Cause() error { return &APIError{Status: r.Status, ErrCode: r.E
 
 // Call sends method to u (the secret is in u: never log it) with body as
 // JSON (nil for GET) and decodes the answer's errcode. A transport error
-// is returned redacted (ClassifyNetErr).
+// is returned redacted (channels.ClassifyTransport).
 func Call(ctx context.Context, c *http.Client, method, u string, body []byte) (Result, error) {
 	var rd io.Reader
 	if body != nil {
@@ -157,7 +158,7 @@ func Call(ctx context.Context, c *http.Client, method, u string, body []byte) (R
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.Do(req)
 	if err != nil {
-		return Result{}, ClassifyNetErr(err)
+		return Result{}, channels.ClassifyTransport(err)
 	}
 	defer func() {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -165,7 +166,7 @@ func Call(ctx context.Context, c *http.Client, method, u string, body []byte) (R
 	}()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
 	if err != nil {
-		return Result{Status: resp.StatusCode}, ClassifyNetErr(err)
+		return Result{Status: resp.StatusCode}, channels.ClassifyTransport(err)
 	}
 	r := Result{Status: resp.StatusCode, Body: data}
 	var head struct {
@@ -179,30 +180,8 @@ func Call(ctx context.Context, c *http.Client, method, u string, body []byte) (R
 
 // Redacted causes.
 var (
-	errBuild   = errors.New("wecom: cannot build the request")
-	errNetwork = errors.New("wecom: network error talking to WeCom")
-	errTimeout = timeoutError{}
+	errBuild = errors.New("wecom: cannot build the request")
 )
-
-type timeoutError struct{}
-
-func (timeoutError) Error() string { return "wecom: request timed out" }
-func (timeoutError) Timeout() bool { return true }
-
-// ClassifyNetErr maps a transport error to a retryable DeliveryError
-// without its text (which quotes the URL).
-func ClassifyNetErr(err error) error {
-	var t interface{ Timeout() bool }
-	switch {
-	case errors.Is(err, context.Canceled):
-		return envelope.Retryable(envelope.ClassTimeout, context.Canceled)
-	case errors.Is(err, context.DeadlineExceeded):
-		return envelope.Retryable(envelope.ClassTimeout, context.DeadlineExceeded)
-	case errors.As(err, &t) && t.Timeout():
-		return envelope.Retryable(envelope.ClassTimeout, errTimeout)
-	}
-	return envelope.Retryable(envelope.ClassNetwork, errNetwork)
-}
 
 // NotAnswer classifies an answer that is not WeCom's JSON (a proxy's page,
 // a redirect, a 5xx): retryable provider_unavailable.
