@@ -62,6 +62,14 @@ type Capabilities struct {
 	// the effect of delivering it once (a service idempotency key, a file
 	// overwritten by name, a push Topic that replaces).
 	IdempotentRedelivery bool
+	// OneService is true when every delivery goes to one service under one
+	// set of credentials (a bot token, an API key, an app's secret): a
+	// refusal of the credentials, or the service out of reach, then holds
+	// for every row of the channel, and the worker pauses the channel
+	// instead of failing its backlog row by row. False where each message
+	// has an endpoint or a key of its own (Web Push subscriptions, WeCom
+	// robots, bot replies).
+	OneService bool
 }
 
 // Outcome is Reconcile's answer.

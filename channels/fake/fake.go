@@ -120,6 +120,7 @@ type Provider struct {
 	reconcileFn ReconcileFunc
 	def         Step
 	idempotent  bool
+	oneService  bool
 	retryAfter  time.Duration
 	onDeliver   func(envelope.Key)
 	calls       []Call
@@ -161,6 +162,13 @@ func (p *Provider) SetIdempotent(idempotent bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.idempotent = idempotent
+}
+
+// SetOneService sets Capabilities().OneService (initially false).
+func (p *Provider) SetOneService(one bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.oneService = one
 }
 
 // SetRetryAfter sets the RetryAfter carried by FailRetryable errors
@@ -223,7 +231,7 @@ func (p *Provider) Delivered(key envelope.Key) int {
 func (p *Provider) Capabilities() channels.Capabilities {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return channels.Capabilities{Name: Name, Channel: p.ch, IdempotentRedelivery: p.idempotent}
+	return channels.Capabilities{Name: Name, Channel: p.ch, IdempotentRedelivery: p.idempotent, OneService: p.oneService}
 }
 
 // Deliver plays key's next step.

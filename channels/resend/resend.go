@@ -247,7 +247,7 @@ func New(opts Options) (*Provider, error) {
 // Capabilities reports Name "resend", Channel email and idempotent
 // redelivery (Resend's Idempotency-Key).
 func (p *Provider) Capabilities() channels.Capabilities {
-	return channels.Capabilities{Name: "resend", Channel: envelope.ChannelEmail, IdempotentRedelivery: true}
+	return channels.Capabilities{Name: "resend", Channel: envelope.ChannelEmail, IdempotentRedelivery: true, OneService: true}
 }
 
 // Deliver sends msg.Email under key.IdempotencyKey(). It returns the e-mail

@@ -153,7 +153,7 @@ func TestAPIKeyFromEnv(t *testing.T) {
 
 func TestProvider_Capabilities(t *testing.T) {
 	p := mustProvider(t, Options{APIKey: "re_x", From: "a@example.com"})
-	want := channels.Capabilities{Name: "resend", Channel: envelope.ChannelEmail, IdempotentRedelivery: true}
+	want := channels.Capabilities{Name: "resend", Channel: envelope.ChannelEmail, IdempotentRedelivery: true, OneService: true}
 	if got := p.Capabilities(); got != want {
 		t.Errorf("Capabilities = %+v, want %+v", got, want)
 	}

@@ -223,7 +223,7 @@ func validToken(t string) bool {
 // Capabilities reports Name "telegram", channel telegram and no idempotent
 // redelivery (the Bot API has no idempotency key).
 func (p *Provider) Capabilities() channels.Capabilities {
-	return channels.Capabilities{Name: Name, Channel: envelope.ChannelTelegram, IdempotentRedelivery: false}
+	return channels.Capabilities{Name: Name, Channel: envelope.ChannelTelegram, IdempotentRedelivery: false, OneService: true}
 }
 
 // Reconcile answers Unknown: the Bot API cannot say whether an earlier

@@ -294,7 +294,7 @@ func TestProvider_ReconcileAndCapabilities(t *testing.T) {
 	if n := len(api.messages(t)); n != 0 {
 		t.Errorf("Reconcile sent %d requests, want none", n)
 	}
-	want := channels.Capabilities{Name: "telegram", Channel: envelope.ChannelTelegram, IdempotentRedelivery: false}
+	want := channels.Capabilities{Name: "telegram", Channel: envelope.ChannelTelegram, IdempotentRedelivery: false, OneService: true}
 	if c := p.Capabilities(); c != want {
 		t.Errorf("Capabilities = %+v, want %+v", c, want)
 	}

@@ -223,7 +223,7 @@ func New(opts Options) (*Provider, error) {
 // Capabilities: redelivery of a key is idempotent within the duplicate
 // check interval (WeCom drops the byte-identical request).
 func (p *Provider) Capabilities() channels.Capabilities {
-	return channels.Capabilities{Name: Name, Channel: envelope.ChannelWeCom, IdempotentRedelivery: true}
+	return channels.Capabilities{Name: Name, Channel: envelope.ChannelWeCom, IdempotentRedelivery: true, OneService: true}
 }
 
 // sendRequest is message/send's body. Its encoding is deterministic, so a

@@ -7,7 +7,8 @@ import (
 	"github.com/outboxhq/outbox/envelope"
 )
 
-// A channel whose provider refused the credentials (auth_failed: a
+// A channel whose provider serves every row from one service
+// (Capabilities.OneService) and refused the credentials (auth_failed: a
 // revoked or mistyped token, rotated keys) or could not be reached at all
 // (provider_unreachable: its name does not resolve, the connection is
 // refused, this host's network is down) is paused. The row that met it

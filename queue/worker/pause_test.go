@@ -28,6 +28,7 @@ func TestWorker_RefusedCredentialsPauseTheChannel(t *testing.T) {
 	te := newTestEnv(t, queue.Backoff{})
 	var refuse atomic.Bool
 	refuse.Store(true)
+	te.fakes[envelope.ChannelTelegram].SetOneService(true)
 	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelTelegram], deliverCtx: func(context.Context) (channels.Receipt, error) {
 		if refuse.Load() {
 			return channels.Receipt{}, envelope.Permanent(envelope.ClassAuthFailed, errors.New("401 Unauthorized"))
@@ -80,6 +81,7 @@ func TestWorker_RefusedCredentialsPauseTheChannel(t *testing.T) {
 	check("within the pause", 1, 1, 0, 1)
 	r.advance(t, te.clock, time.Second)
 	check("the probe, refused", 2, 2, 0, 1)
+	committed(t, te.store)
 	r.advance(t, te.clock, pauseMin)
 	check("within the doubled pause", 2, 2, 0, 1)
 	refuse.Store(false) // the operator fixed the token
@@ -104,6 +106,7 @@ func TestWorker_UnreachableProviderPausesWithoutUsingAttempts(t *testing.T) {
 	te := newTestEnv(t, queue.Backoff{Base: time.Second, MaxAttempts: 3})
 	var down atomic.Bool
 	down.Store(true)
+	te.fakes[envelope.ChannelTelegram].SetOneService(true)
 	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelTelegram], deliverCtx: func(context.Context) (channels.Receipt, error) {
 		if down.Load() {
 			return channels.Receipt{}, envelope.Retryable(envelope.ClassUnreachable, errors.New("dial tcp: connection refused"))
@@ -120,10 +123,12 @@ func TestWorker_UnreachableProviderPausesWithoutUsingAttempts(t *testing.T) {
 	cfg.Concurrency = 1
 	r := startWorker(t, cfg)
 	r.idle(t)
+	committed(t, te.store)
 	lengths := pauseLengths[envelope.ClassUnreachable]
 	d := lengths.min
 	for range 7 {
 		r.advance(t, te.clock, d)
+		committed(t, te.store)
 		d = min(2*d, lengths.max)
 	}
 	if n := len(p.Calls()); n != 8 {
@@ -143,6 +148,31 @@ func TestWorker_UnreachableProviderPausesWithoutUsingAttempts(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(r.w.metrics.paused.WithLabelValues("telegram")); got != 0 {
 		t.Errorf("outbox_channel_paused = %v after the service answered", got)
+	}
+}
+
+// A provider whose rows each have an endpoint or key of their own (Web
+// Push: a subscription whose keys no longer match answers 403) does not
+// pause its channel: one stale subscription must not hold up every user's
+// push.
+func TestWorker_PerMessageEndpointsDoNotPause(t *testing.T) {
+	te := newTestEnv(t, queue.Backoff{})
+	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelPush], deliverCtx: func(context.Context) (channels.Receipt, error) {
+		return channels.Receipt{}, envelope.Permanent(envelope.ClassAuthFailed, errors.New("403"))
+	}}
+	var envs []*envelope.Envelope
+	for i := range 4 {
+		envs = append(envs, queuetest.Nudge(fmt.Sprintf("n-%d", i), fmt.Sprintf("u-%d", i)))
+	}
+	te.enqueue(t, envs...)
+	cfg := te.config()
+	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelPush: p}
+	cfg.Concurrency = 1
+	r := startWorker(t, cfg)
+	waitFor(t, "every row tried", func() bool { return len(p.Calls()) == 4 })
+	r.idle(t)
+	if got := testutil.ToFloat64(r.w.metrics.paused.WithLabelValues("push")); got != 0 {
+		t.Errorf("outbox_channel_paused{push} = %v, want 0", got)
 	}
 }
 
@@ -198,6 +228,17 @@ func TestPauses(t *testing.T) {
 	if !p.accepted(tg) || p.accepted(tg) {
 		t.Error("accepted should lift the pause once")
 	}
+}
+
+// committed waits until no row of s is sending: a slot is free once its
+// call returned, before its commit lands, and moving the clock past the
+// lease before that would make the row a recovered lease.
+func committed(t *testing.T, s queue.Store) {
+	t.Helper()
+	waitFor(t, "the commits", func() bool {
+		c, err := s.Counts(context.Background(), "")
+		return err == nil && c.Total(envelope.StateSending) == 0
+	})
 }
 
 // syncBuf is a bytes.Buffer safe for the worker's concurrent log writes.

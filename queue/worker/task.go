@@ -364,7 +364,7 @@ func (w *Worker) release(ctx context.Context, l *queue.Lease) result {
 // given back and the retry at the pause's end.
 func (w *Worker) notePause(ctx context.Context, ch envelope.Channel, out queue.Outcome) queue.Outcome {
 	switch {
-	case pausing(out.Class):
+	case pausing(out.Class) && w.oneService[ch]:
 		now := w.now()
 		d, until := w.paused.refused(ch, out.Class, now)
 		if out.Class == envelope.ClassUnreachable && out.State == envelope.StateRetryable {

@@ -64,6 +64,7 @@ type Worker struct {
 	now          func() time.Time
 	rescan       time.Duration
 	idem         map[envelope.Channel]bool // per channel: its provider redelivers idempotently
+	oneService   map[envelope.Channel]bool // per channel: its provider serves every row from one service (pauses)
 
 	slots chan struct{} // one token per task in flight
 	tasks chan struct{} // a task freed its slot or recorded a due time (coalesced)
@@ -103,19 +104,20 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{
-		cfg:       c,
-		store:     c.Store,
-		leases:    c.Store,
-		providers: c.Providers,
-		names:     make(map[envelope.Channel]string, len(c.Providers)),
-		idem:      make(map[envelope.Channel]bool, len(c.Providers)),
-		limiters:  make(map[envelope.Channel]*rate.Limiter),
-		log:       c.Logger,
-		now:       c.Now,
-		rescan:    DefaultRescanInterval,
-		slots:     make(chan struct{}, c.Concurrency),
-		tasks:     make(chan struct{}, 1),
-		kick:      make(chan struct{}, 1),
+		cfg:        c,
+		store:      c.Store,
+		leases:     c.Store,
+		providers:  c.Providers,
+		names:      make(map[envelope.Channel]string, len(c.Providers)),
+		idem:       make(map[envelope.Channel]bool, len(c.Providers)),
+		oneService: make(map[envelope.Channel]bool, len(c.Providers)),
+		limiters:   make(map[envelope.Channel]*rate.Limiter),
+		log:        c.Logger,
+		now:        c.Now,
+		rescan:     DefaultRescanInterval,
+		slots:      make(chan struct{}, c.Concurrency),
+		tasks:      make(chan struct{}, 1),
+		kick:       make(chan struct{}, 1),
 	}
 	if c.Tenant != "" {
 		w.leases = queue.Scope(c.Store, c.Tenant)
@@ -128,6 +130,7 @@ func New(cfg Config) (*Worker, error) {
 		}
 		w.channels = append(w.channels, ch)
 		w.idem[ch] = p.Capabilities().IdempotentRedelivery
+		w.oneService[ch] = p.Capabilities().OneService
 		name := p.Capabilities().Name
 		if name == "" {
 			name = "unnamed"
