@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -279,8 +280,13 @@ type fakeTelegram struct {
 }
 
 func newFakeTelegram(t *testing.T, token string, seed uint64) *fakeTelegram {
+	return newFakeTelegramOn(t, token, seed, nil)
+}
+
+// newFakeTelegramOn is newFakeTelegram serving on ln (nil: a free port).
+func newFakeTelegramOn(t *testing.T, token string, seed uint64, ln net.Listener) *fakeTelegram {
 	f := &fakeTelegram{calls: map[string]int{}, rng: rand.New(rand.NewPCG(seed, 2))}
-	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.URL.Path != "/bot"+token+"/sendMessage" {
 			http.NotFound(w, r)
 			return
@@ -306,6 +312,11 @@ func newFakeTelegram(t *testing.T, token string, seed uint64) *fakeTelegram {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"ok":true,"result":{"message_id":%d}}`, mid)
 	}))
+	if ln != nil {
+		f.srv.Listener.Close()
+		f.srv.Listener = ln
+	}
+	f.srv.Start()
 	t.Cleanup(f.srv.Close)
 	return f
 }
