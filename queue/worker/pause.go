@@ -8,36 +8,47 @@ import (
 )
 
 // A channel whose provider serves every row from one service
-// (Capabilities.OneService) and refused the credentials (auth_failed: a
-// revoked or mistyped token, rotated keys) or could not be reached at all
-// (provider_unreachable: its name does not resolve, the connection is
-// refused, this host's network is down) is paused. The row that met it
-// ends as the class says (auth_failed: dead_letter, as every permanent
-// error; unreachable: retryable, its attempt given back, for nothing was
-// sent), but the rest of the channel's backlog is not claimed, each of
-// which would have gone the same way: it waits while the pause lasts, and
-// then one row at a time is tried. A delivery that goes through lifts the
-// pause; another failure of the same class doubles it, up to its maximum.
-var pauseLengths = map[envelope.ErrorClass]struct{ min, max time.Duration }{
-	envelope.ClassAuthFailed:  {time.Minute, 30 * time.Minute},
-	envelope.ClassUnreachable: {5 * time.Second, 5 * time.Minute},
+// (Capabilities.OneService) is paused when the service refuses the
+// credentials (auth_failed: a revoked or mistyped token, rotated keys),
+// cannot be reached at all (provider_unreachable: its name does not
+// resolve, the connection is refused, this host's network is down), or
+// fails three calls in a row (provider_unavailable, network_error,
+// timeout: an outage). The rows that met it end as their class says
+// (auth_failed: dead_letter, as every permanent error; unreachable:
+// retryable, the attempt given back, for nothing was sent; an outage's:
+// retried, or reconciled where the call may have gone through), but the
+// rest of the channel's backlog is not claimed, each of which would have
+// gone the same way: it waits while the pause lasts, and then one row at
+// a time is tried. An answer of the service (a delivery that goes through,
+// or a failure of another class) lifts the pause; another failure of the
+// same class doubles it, up to its maximum.
+var pauseRules = map[envelope.ErrorClass]struct {
+	min, max time.Duration
+	after    int // failures in a row that start a pause
+}{
+	envelope.ClassAuthFailed:          {time.Minute, 30 * time.Minute, 1},
+	envelope.ClassUnreachable:         {5 * time.Second, 5 * time.Minute, 1},
+	envelope.ClassProviderUnavailable: {5 * time.Second, 5 * time.Minute, 3},
+	envelope.ClassNetwork:             {5 * time.Second, 5 * time.Minute, 3},
+	envelope.ClassTimeout:             {5 * time.Second, 5 * time.Minute, 3},
 }
 
 // pauseMin and pauseMax are auth_failed's.
 var (
-	pauseMin = pauseLengths[envelope.ClassAuthFailed].min
-	pauseMax = pauseLengths[envelope.ClassAuthFailed].max
+	pauseMin = pauseRules[envelope.ClassAuthFailed].min
+	pauseMax = pauseRules[envelope.ClassAuthFailed].max
 )
 
 // pausing reports whether class pauses its channel.
 func pausing(class envelope.ErrorClass) bool {
-	_, ok := pauseLengths[class]
+	_, ok := pauseRules[class]
 	return ok
 }
 
 type pauses struct {
-	mu sync.Mutex
-	m  map[envelope.Channel]*pause
+	mu     sync.Mutex
+	m      map[envelope.Channel]*pause
+	streak map[envelope.Channel]int // failures of pausing classes in a row
 }
 
 type pause struct {
@@ -50,34 +61,40 @@ type pause struct {
 // refused records a failure of ch with a pausing class at now. It returns
 // the pause's length when it starts or doubles one (a probe's failure),
 // 0 when a delivery that was in flight as the pause began failed the same
-// way; and when the pause ends.
+// way, or when too few failed in a row yet; and when the pause ends.
 func (p *pauses) refused(ch envelope.Channel, class envelope.ErrorClass, now time.Time) (time.Duration, time.Time) {
-	lengths := pauseLengths[class]
+	rule := pauseRules[class]
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.m == nil {
-		p.m = map[envelope.Channel]*pause{}
+		p.m, p.streak = map[envelope.Channel]*pause{}, map[envelope.Channel]int{}
 	}
+	p.streak[ch]++
 	ps := p.m[ch]
 	switch {
 	case ps == nil || ps.class != class:
-		ps = &pause{class: class, length: lengths.min}
+		if p.streak[ch] < rule.after {
+			return 0, time.Time{}
+		}
+		ps = &pause{class: class, length: rule.min}
 		p.m[ch] = ps
 	case now.Before(ps.until):
 		return 0, ps.until
 	default:
-		ps.length = min(2*ps.length, lengths.max)
+		ps.length = min(2*ps.length, rule.max)
 	}
 	ps.until, ps.probe = now.Add(ps.length), nil
 	return ps.length, ps.until
 }
 
-// accepted lifts ch's pause; it reports whether there was one.
-func (p *pauses) accepted(ch envelope.Channel) bool {
+// answered lifts ch's pause (the service answered); it reports whether
+// there was one.
+func (p *pauses) answered(ch envelope.Channel) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	_, ok := p.m[ch]
 	delete(p.m, ch)
+	delete(p.streak, ch)
 	return ok
 }
 

@@ -90,7 +90,7 @@ func TestWorker_RefusedCredentialsPauseTheChannel(t *testing.T) {
 	check("the probe, accepted, then the rest", 6, 2, 4, 0)
 
 	out := logs.String()
-	for _, want := range []string{"channel telegram paused for 1m0s", "channel telegram paused for 2m0s", "channel telegram resumed"} {
+	for _, want := range []string{"channel telegram paused for 1m0s", "channel telegram paused for 2m0s", "channel telegram resumed: its provider answered"} {
 		if strings.Count(out, want) != 1 {
 			t.Errorf("log lines %q: %d, want 1:\n%s", want, strings.Count(out, want), out)
 		}
@@ -124,7 +124,7 @@ func TestWorker_UnreachableProviderPausesWithoutUsingAttempts(t *testing.T) {
 	r := startWorker(t, cfg)
 	r.idle(t)
 	committed(t, te.store)
-	lengths := pauseLengths[envelope.ClassUnreachable]
+	lengths := pauseRules[envelope.ClassUnreachable]
 	d := lengths.min
 	for range 7 {
 		r.advance(t, te.clock, d)
@@ -148,6 +148,54 @@ func TestWorker_UnreachableProviderPausesWithoutUsingAttempts(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(r.w.metrics.paused.WithLabelValues("telegram")); got != 0 {
 		t.Errorf("outbox_channel_paused = %v after the service answered", got)
+	}
+}
+
+// A service that is out (three 5xx in a row) pauses its channel too, so
+// that an outage does not burn every row's attempts: while it lasts one
+// row is tried per pause, and when it answers again the backlog goes out.
+func TestWorker_OutagePausesAfterThreeFailures(t *testing.T) {
+	te := newTestEnv(t, queue.Backoff{Base: time.Second, MaxAttempts: 3})
+	var down atomic.Bool
+	down.Store(true)
+	te.fakes[envelope.ChannelEmail].SetOneService(true)
+	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelEmail], deliverCtx: func(context.Context) (channels.Receipt, error) {
+		if down.Load() {
+			return channels.Receipt{}, envelope.Retryable(envelope.ClassProviderUnavailable, errors.New("503"))
+		}
+		return channels.Receipt{ID: "m"}, nil
+	}}
+	var envs []*envelope.Envelope
+	for i := range 8 {
+		envs = append(envs, queuetest.Digest(fmt.Sprintf("d-%d", i), fmt.Sprintf("u-%d", i)))
+	}
+	te.enqueue(t, envs...)
+	cfg := te.config()
+	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelEmail: p}
+	cfg.Concurrency = 1
+	r := startWorker(t, cfg)
+	waitFor(t, "three calls", func() bool { return len(p.Calls()) >= 3 })
+	r.idle(t)
+	committed(t, te.store)
+	if n := len(p.Calls()); n != 3 {
+		t.Fatalf("%d calls before the pause, want 3", n)
+	}
+	rule := pauseRules[envelope.ClassProviderUnavailable]
+	r.advance(t, te.clock, rule.min)
+	committed(t, te.store)
+	if n := len(p.Calls()); n != 4 {
+		t.Errorf("%d calls after the first pause, want 4 (one probe)", n)
+	}
+	down.Store(false)
+	r.advance(t, te.clock, 2*rule.min)
+	r.idle(t)
+	committed(t, te.store)
+	c, err := te.store.Counts(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Total(envelope.StateSent) != 8 || c.Total(envelope.StateDeadLetter) != 0 {
+		t.Errorf("after the outage: %v, want 8 sent", c)
 	}
 }
 
@@ -225,8 +273,8 @@ func TestPauses(t *testing.T) {
 	if d != pauseMax {
 		t.Errorf("pause after many refused probes = %v, want %v", d, pauseMax)
 	}
-	if !p.accepted(tg) || p.accepted(tg) {
-		t.Error("accepted should lift the pause once")
+	if !p.answered(tg) || p.answered(tg) {
+		t.Error("answered should lift the pause once")
 	}
 }
 

@@ -358,13 +358,16 @@ func (w *Worker) release(ctx context.Context, l *queue.Lease) result {
 	return result{status: outcomeReleased}
 }
 
-// notePause pauses ch when its provider refused the credentials or could
-// not be reached, and lifts the pause when a delivery went through (see
-// pauses). It returns out, for an unreachable provider with the attempt
-// given back and the retry at the pause's end.
+// notePause pauses ch when its service refused the credentials, could
+// not be reached or is out (see pauses), and lifts the pause when the
+// service answered. It returns out, for an unreachable service with the
+// attempt given back and the retry at the pause's end.
 func (w *Worker) notePause(ctx context.Context, ch envelope.Channel, out queue.Outcome) queue.Outcome {
+	if !w.oneService[ch] {
+		return out
+	}
 	switch {
-	case pausing(out.Class) && w.oneService[ch]:
+	case pausing(out.Class):
 		now := w.now()
 		d, until := w.paused.refused(ch, out.Class, now)
 		if out.Class == envelope.ClassUnreachable && out.State == envelope.StateRetryable {
@@ -374,16 +377,21 @@ func (w *Worker) notePause(ctx context.Context, ch envelope.Channel, out queue.O
 			return out
 		}
 		w.metrics.paused.WithLabelValues(string(ch)).Set(1)
-		why := "its provider refused the credentials; its other rows wait, pending, and one is tried when the pause ends (fix the credentials, then restart serve)"
-		if out.Class == envelope.ClassUnreachable {
+		why := "its provider failed three calls in a row (the service is out); its other rows wait, and one is tried when the pause ends"
+		switch out.Class {
+		case envelope.ClassAuthFailed:
+			why = "its provider refused the credentials; its other rows wait, pending, and one is tried when the pause ends (fix the credentials, then restart serve)"
+		case envelope.ClassUnreachable:
 			why = "its provider could not be reached (no connection was made: its name, the network, a firewall); its rows wait without using their attempts, and one is tried when the pause ends"
 		}
 		w.log.WarnContext(ctx, "channel "+string(ch)+" paused for "+d.String()+": "+why,
 			"operation", "deliver", "channel", string(ch), "status", "paused", "error_class", string(out.Class))
-	case out.State == envelope.StateSent:
-		if w.paused.accepted(ch) {
+	case out.Class == envelope.ClassInterrupted:
+		// Shutting down: the service did not answer.
+	default:
+		if w.paused.answered(ch) {
 			w.metrics.paused.WithLabelValues(string(ch)).Set(0)
-			w.log.InfoContext(ctx, "channel "+string(ch)+" resumed: its provider accepted a delivery",
+			w.log.InfoContext(ctx, "channel "+string(ch)+" resumed: its provider answered",
 				"operation", "deliver", "channel", string(ch), "status", "resumed")
 		}
 	}
