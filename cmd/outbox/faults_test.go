@@ -116,6 +116,7 @@ var faultKinds = []string{
 	"index-deleted", "index-emptied", "index-scrambled", "index-restored",
 	"log-deleted", "log-truncated", "log-replaced",
 	"disk-full", "no-files", "second-serve", "concurrent-compact",
+	"provider-down",
 }
 
 const (
@@ -319,6 +320,30 @@ func newFakeTelegramOn(t *testing.T, token string, seed uint64, ln net.Listener)
 	f.srv.Start()
 	t.Cleanup(f.srv.Close)
 	return f
+}
+
+// down makes the Bot API unreachable for d: its listener is closed (new
+// connections are refused), the connections open are cut (a call on one
+// may or may not have been counted), and then it listens again on the same
+// address (a Telegram outage, or this host's network down).
+func (f *fakeTelegram) down(d time.Duration) {
+	addr := f.srv.Listener.Addr().String()
+	f.srv.Listener.Close()
+	f.srv.CloseClientConnections()
+	time.Sleep(d)
+	var ln net.Listener
+	var err error
+	for range 50 {
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		panic("fake telegram: listen again on " + addr + ": " + err.Error())
+	}
+	f.srv.Listener = ln
+	go f.srv.Config.Serve(ln)
 }
 
 func (f *fakeTelegram) count(id string) int {
@@ -795,6 +820,10 @@ func (dr *faultDrill) apply(kind string) string {
 		return dr.noFiles()
 	case "second-serve":
 		return dr.secondServe()
+	case "provider-down":
+		hold := time.Duration(500+dr.rng.IntN(1500)) * time.Millisecond
+		dr.tg.down(hold)
+		return fmt.Sprintf("the Bot API refused connections for %s (connections open were cut)", hold.Round(time.Millisecond))
 	case "concurrent-compact":
 		if dr.rng.IntN(2) == 0 {
 			// Beside a running serve: compact prunes through it and
