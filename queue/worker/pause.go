@@ -33,12 +33,6 @@ var pauseRules = map[envelope.ErrorClass]struct {
 	envelope.ClassTimeout:             {5 * time.Second, 5 * time.Minute, 3},
 }
 
-// pauseMin and pauseMax are auth_failed's.
-var (
-	pauseMin = pauseRules[envelope.ClassAuthFailed].min
-	pauseMax = pauseRules[envelope.ClassAuthFailed].max
-)
-
 // pausing reports whether class pauses its channel.
 func pausing(class envelope.ErrorClass) bool {
 	_, ok := pauseRules[class]

@@ -19,6 +19,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
+// pauseMin and pauseMax are auth_failed's.
+var (
+	pauseMin = pauseRules[envelope.ClassAuthFailed].min
+	pauseMax = pauseRules[envelope.ClassAuthFailed].max
+)
+
 // A provider that refuses the credentials (a revoked Telegram token) does
 // not dead-letter the channel's whole backlog: the row that met it goes to
 // dead_letter, the channel pauses (1 min, then 2 min after a probe that
