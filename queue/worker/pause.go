@@ -22,15 +22,23 @@ import (
 // a time is tried. An answer of the service (a delivery that goes through,
 // or a failure of another class) lifts the pause; another failure of the
 // same class doubles it, up to its maximum.
+//
+// A used-up quota (quota_exceeded: Resend's daily or monthly sending
+// limit) pauses the channel until the provider's Retry-After (the quota's
+// reset), and, as nothing was sent, gives the attempt back, like
+// provider_unreachable: the backlog waits for the reset instead of being
+// claimed row by row into the same answer.
 var pauseRules = map[envelope.ErrorClass]struct {
 	min, max time.Duration
-	after    int // failures in a row that start a pause
+	after    int  // failures in a row that start a pause
+	giveBack bool // nothing was sent: the row's attempt is given back
 }{
-	envelope.ClassAuthFailed:          {time.Minute, 30 * time.Minute, 1},
-	envelope.ClassUnreachable:         {5 * time.Second, 5 * time.Minute, 1},
-	envelope.ClassProviderUnavailable: {5 * time.Second, 5 * time.Minute, 3},
-	envelope.ClassNetwork:             {5 * time.Second, 5 * time.Minute, 3},
-	envelope.ClassTimeout:             {5 * time.Second, 5 * time.Minute, 3},
+	envelope.ClassAuthFailed:          {time.Minute, 30 * time.Minute, 1, false},
+	envelope.ClassUnreachable:         {5 * time.Second, 5 * time.Minute, 1, true},
+	envelope.ClassQuotaExceeded:       {time.Minute, time.Hour, 1, true},
+	envelope.ClassProviderUnavailable: {5 * time.Second, 5 * time.Minute, 3, false},
+	envelope.ClassNetwork:             {5 * time.Second, 5 * time.Minute, 3, false},
+	envelope.ClassTimeout:             {5 * time.Second, 5 * time.Minute, 3, false},
 }
 
 // pausing reports whether class pauses its channel.
@@ -52,11 +60,12 @@ type pause struct {
 	probe  *envelope.Key // the one row tried after the pause, in flight
 }
 
-// refused records a failure of ch with a pausing class at now. It returns
-// the pause's length when it starts or doubles one (a probe's failure),
-// 0 when a delivery that was in flight as the pause began failed the same
-// way, or when too few failed in a row yet; and when the pause ends.
-func (p *pauses) refused(ch envelope.Channel, class envelope.ErrorClass, now time.Time) (time.Duration, time.Time) {
+// refused records a failure of ch with a pausing class at now; a pause it
+// starts lasts at least floor (the provider's Retry-After). It returns the
+// pause's length when it starts or doubles one (a probe's failure), 0 when
+// a delivery that was in flight as the pause began failed the same way,
+// or when too few failed in a row yet; and when the pause ends.
+func (p *pauses) refused(ch envelope.Channel, class envelope.ErrorClass, now time.Time, floor time.Duration) (time.Duration, time.Time) {
 	rule := pauseRules[class]
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -77,8 +86,9 @@ func (p *pauses) refused(ch envelope.Channel, class envelope.ErrorClass, now tim
 	default:
 		ps.length = min(2*ps.length, rule.max)
 	}
-	ps.until, ps.probe = now.Add(ps.length), nil
-	return ps.length, ps.until
+	d := max(ps.length, floor)
+	ps.until, ps.probe = now.Add(d), nil
+	return d, ps.until
 }
 
 // answered lifts ch's pause (the service answered); it reports whether

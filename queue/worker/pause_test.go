@@ -205,6 +205,51 @@ func TestWorker_OutagePausesAfterThreeFailures(t *testing.T) {
 	}
 }
 
+// A used-up sending quota (Resend's daily limit, reset in two hours)
+// pauses the channel until the reset: the backlog is not claimed into the
+// same answer row by row, and no row uses up an attempt on it.
+func TestWorker_QuotaPausesUntilTheReset(t *testing.T) {
+	te := newTestEnv(t, queue.Backoff{Base: time.Second, MaxAttempts: 2})
+	var used atomic.Bool
+	used.Store(true)
+	te.fakes[envelope.ChannelEmail].SetOneService(true)
+	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelEmail], deliverCtx: func(context.Context) (channels.Receipt, error) {
+		if used.Load() {
+			return channels.Receipt{}, envelope.RetryAfter(envelope.ClassQuotaExceeded, 2*time.Hour, errors.New("daily_quota_exceeded"))
+		}
+		return channels.Receipt{ID: "m"}, nil
+	}}
+	var envs []*envelope.Envelope
+	for i := range 5 {
+		envs = append(envs, queuetest.Digest(fmt.Sprintf("q-%d", i), fmt.Sprintf("u-%d", i)))
+	}
+	te.enqueue(t, envs...)
+	cfg := te.config()
+	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelEmail: p}
+	cfg.Concurrency = 1
+	r := startWorker(t, cfg)
+	waitFor(t, "the first call", func() bool { return len(p.Calls()) >= 1 })
+	r.idle(t)
+	committed(t, te.store)
+	r.advance(t, te.clock, time.Hour)
+	committed(t, te.store)
+	if n := len(p.Calls()); n != 1 {
+		t.Errorf("%d calls within the quota's pause, want 1", n)
+	}
+	if seg := segment(t, te.store, keyOf(envs[0], 0)); seg.State != envelope.StateRetryable || seg.Attempts != 0 {
+		t.Errorf("the row that met the quota: %s after %d attempts, want retryable with its attempt given back", seg.State, seg.Attempts)
+	}
+	used.Store(false) // the reset
+	r.advance(t, te.clock, time.Hour)
+	waitFor(t, "every row sent", func() bool {
+		c, err := te.store.Counts(context.Background(), "")
+		return err == nil && c.Total(envelope.StateSent) == 5
+	})
+	if n := len(p.Calls()); n != 6 {
+		t.Errorf("%d calls in all, want 6 (the refused one, then each row once)", n)
+	}
+}
+
 // A provider whose rows each have an endpoint or key of their own (Web
 // Push: a subscription whose keys no longer match answers 403) does not
 // pause its channel: one stale subscription must not hold up every user's
@@ -241,10 +286,10 @@ func TestPauses(t *testing.T) {
 	if ready, probe := p.split(all, now); len(ready) != 2 || len(probe) != 0 {
 		t.Fatalf("split with no pause = %v %v", ready, probe)
 	}
-	if d := first(p.refused(tg, envelope.ClassAuthFailed, now)); d != pauseMin {
+	if d := first(p.refused(tg, envelope.ClassAuthFailed, now, 0)); d != pauseMin {
 		t.Fatalf("first refusal paused for %v", d)
 	}
-	if d := first(p.refused(tg, envelope.ClassAuthFailed, now.Add(time.Second))); d != 0 {
+	if d := first(p.refused(tg, envelope.ClassAuthFailed, now.Add(time.Second), 0)); d != 0 {
 		t.Errorf("a refusal in flight lengthened the pause by %v", d)
 	}
 	if ready, probe := p.split(all, now.Add(time.Second)); len(ready) != 1 || ready[0] != em || len(probe) != 0 {
@@ -274,7 +319,7 @@ func TestPauses(t *testing.T) {
 	d := pauseMin
 	for range 10 {
 		end = end.Add(d)
-		d, _ = p.refused(tg, envelope.ClassAuthFailed, end)
+		d, _ = p.refused(tg, envelope.ClassAuthFailed, end, 0)
 	}
 	if d != pauseMax {
 		t.Errorf("pause after many refused probes = %v, want %v", d, pauseMax)

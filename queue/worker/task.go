@@ -360,8 +360,8 @@ func (w *Worker) release(ctx context.Context, l *queue.Lease) result {
 
 // notePause pauses ch when its service refused the credentials, could
 // not be reached or is out (see pauses), and lifts the pause when the
-// service answered. It returns out, for an unreachable service with the
-// attempt given back and the retry at the pause's end.
+// service answered. It returns out, where nothing was sent (unreachable,
+// quota) with the attempt given back and the retry at the pause's end.
 func (w *Worker) notePause(ctx context.Context, ch envelope.Channel, out queue.Outcome) queue.Outcome {
 	if !w.oneService[ch] {
 		return out
@@ -369,8 +369,8 @@ func (w *Worker) notePause(ctx context.Context, ch envelope.Channel, out queue.O
 	switch {
 	case pausing(out.Class):
 		now := w.now()
-		d, until := w.paused.refused(ch, out.Class, now)
-		if out.Class == envelope.ClassUnreachable && out.State == envelope.StateRetryable {
+		d, until := w.paused.refused(ch, out.Class, now, out.RetryAfter)
+		if pauseRules[out.Class].giveBack && out.State == envelope.StateRetryable {
 			out.NoAttempt, out.RetryAfter = true, max(until.Sub(now), out.RetryAfter)
 		}
 		if d == 0 {
@@ -383,6 +383,8 @@ func (w *Worker) notePause(ctx context.Context, ch envelope.Channel, out queue.O
 			why = "its provider refused the credentials; its other rows wait, pending, and one is tried when the pause ends (fix the credentials, then restart serve)"
 		case envelope.ClassUnreachable:
 			why = "its provider could not be reached (no connection was made: its name, the network, a firewall); its rows wait without using their attempts, and one is tried when the pause ends"
+		case envelope.ClassQuotaExceeded:
+			why = "its provider's sending quota is used up; its rows wait for the reset without using their attempts"
 		}
 		w.log.WarnContext(ctx, "channel "+string(ch)+" paused for "+d.String()+": "+why,
 			"operation", "deliver", "channel", string(ch), "status", "paused", "error_class", string(out.Class))
