@@ -363,6 +363,29 @@ func (q *Queue) init() (err error) {
 	})
 }
 
+// damagedCloseWait bounds how long Close waits for the store's goroutines
+// once the index is damaged: a fault inside bbolt may leave one of its
+// locks held, and a goroutine waiting for it would wait for ever.
+const damagedCloseWait = 2 * time.Second
+
+// waitAtMost waits for wg; once damaged is closed, for at most d more. It
+// reports whether wg finished.
+func waitAtMost(wg *sync.WaitGroup, damaged <-chan struct{}, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-damaged:
+	}
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
 // Close stops the tailer and the writer and closes the index. It is
 // idempotent.
 func (q *Queue) Close() error {
@@ -376,7 +399,10 @@ func (q *Queue) Close() error {
 			q.tail.close()
 		}
 		close(q.stop)
-		q.wg.Wait()
+		if !waitAtMost(&q.wg, q.damaged, damagedCloseWait) {
+			q.log.Warn("closing a damaged index: its writer is stuck in it, and is left to the process's end",
+				"operation", "close", "status", "damaged")
+		}
 		q.app.Close()
 		if q.markF != nil {
 			_ = q.markF.Close()
@@ -554,8 +580,13 @@ func (q *Queue) run(ctx context.Context, o *op) error {
 	case <-q.stop:
 		return queue.ErrClosed
 	}
-	<-o.done
-	return o.err
+	select {
+	case <-o.done:
+		return o.err
+	case <-q.damaged:
+		// A fault may leave the writer stuck in bbolt for good.
+		return q.damageErr()
+	}
 }
 
 // submitIndex queues an index update without waiting for it; after runs
@@ -581,7 +612,10 @@ func (q *Queue) barrier() {
 	o := q.lastIdx
 	q.mu.Unlock()
 	if o != nil {
-		<-o.done
+		select {
+		case <-o.done:
+		case <-q.damaged: // the read fails with the damage
+		}
 	}
 }
 
