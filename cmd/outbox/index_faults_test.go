@@ -236,7 +236,8 @@ func indexFaultUnderServe(t *testing.T, bin, fault string) {
 	select {
 	case err = <-exited:
 	case <-time.After(60 * time.Second):
-		d.kill()
+		d.cmd.Process.Signal(syscall.SIGKILL) // reaped by the Wait above
+		<-exited
 		t.Fatalf("serve still runs a minute after its index was %s (GET answered %d):\n%s", fault, code, d.logs)
 	}
 	logs := d.logs.String()
