@@ -30,7 +30,7 @@ func TestDamaged_StuckWriterDoesNotHangTheStore(t *testing.T) {
 	q.beforeCommit.Store(nil)
 	ce := &CorruptIndexError{Path: q.indexPath(), Reason: "a fault in a test"}
 	calls := map[string]func() error{
-		"Get":     func() error { _, err := q.Get(ctx, "", "stuck"); return err },
+		"Get": func() error { _, err := q.Get(ctx, "", "stuck"); return err },
 		"Claim": func() error {
 			_, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 1})
 			return err

@@ -250,6 +250,46 @@ func TestWorker_QuotaPausesUntilTheReset(t *testing.T) {
 	}
 }
 
+// A probe held back by the provider's own pacing (rate_limited before any
+// call: a Telegram chat's 1/s) learns nothing of the service: the pause
+// is not lifted, and another row is tried.
+func TestWorker_PacedProbeDoesNotResume(t *testing.T) {
+	te := newTestEnv(t, queue.Backoff{Base: time.Second})
+	var calls atomic.Int64
+	te.fakes[envelope.ChannelTelegram].SetOneService(true)
+	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelTelegram], deliverCtx: func(context.Context) (channels.Receipt, error) {
+		switch calls.Add(1) {
+		case 2:
+			return channels.Receipt{}, envelope.RetryAfter(envelope.ClassRateLimited, time.Second, errors.New("pacing"))
+		default:
+			return channels.Receipt{}, envelope.Retryable(envelope.ClassUnreachable, errors.New("refused"))
+		}
+	}}
+	var envs []*envelope.Envelope
+	for i := range 4 {
+		envs = append(envs, queuetest.Reply(fmt.Sprintf("p-%d", i), fmt.Sprintf("u-%d", i), "hi"))
+	}
+	te.enqueue(t, envs...)
+	cfg := te.config()
+	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelTelegram: p}
+	cfg.Concurrency = 1
+	r := startWorker(t, cfg)
+	waitFor(t, "the first call", func() bool { return calls.Load() >= 1 })
+	r.idle(t)
+	committed(t, te.store)
+	r.advance(t, te.clock, pauseRules[envelope.ClassUnreachable].min) // the probe: paced
+	waitFor(t, "the next probe, after the paced one", func() bool { return calls.Load() >= 3 })
+	committed(t, te.store)
+	r.w.paused.mu.Lock()
+	ps := r.w.paused.m[envelope.ChannelTelegram]
+	r.w.paused.mu.Unlock()
+	// Still the same pause, doubled by the refused probe after the paced
+	// one; lifted by it, a new one would have begun at 5 s.
+	if want := 2 * pauseRules[envelope.ClassUnreachable].min; ps == nil || ps.length != want {
+		t.Errorf("pause after a paced probe and a refused one = %+v, want %v long", ps, want)
+	}
+}
+
 // A provider whose rows each have an endpoint or key of their own (Web
 // Push: a subscription whose keys no longer match answers 403) does not
 // pause its channel: one stale subscription must not hold up every user's

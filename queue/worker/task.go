@@ -388,8 +388,10 @@ func (w *Worker) notePause(ctx context.Context, ch envelope.Channel, out queue.O
 		}
 		w.log.WarnContext(ctx, "channel "+string(ch)+" paused for "+d.String()+": "+why,
 			"operation", "deliver", "channel", string(ch), "status", "paused", "error_class", string(out.Class))
-	case out.Class == envelope.ClassInterrupted:
-		// Shutting down: the service did not answer.
+	case out.Class == envelope.ClassInterrupted, out.Class == envelope.ClassRateLimited:
+		// Shutting down, or held back by the provider's own pacing (a
+		// Telegram chat's 1/s) before any call: nothing was learnt of the
+		// service; the next row is tried.
 	default:
 		if w.paused.answered(ch) {
 			w.metrics.paused.WithLabelValues(string(ch)).Set(0)
