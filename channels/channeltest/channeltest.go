@@ -139,6 +139,7 @@ var timeoutish = map[envelope.ErrorClass]bool{
 	envelope.ClassTimeout:             true,
 	envelope.ClassInterrupted:         true,
 	envelope.ClassNetwork:             true,
+	envelope.ClassUnreachable:         true, // ended while connecting
 	envelope.ClassProviderUnavailable: true,
 }
 
