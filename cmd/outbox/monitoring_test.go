@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxhq/outbox/queue/pgstore/pgtest"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -24,9 +25,21 @@ const (
 
 // servedMetrics returns every metric family serve's /metrics can show, with
 // its labels: the registry built as serve builds it (serveRegistry, then
-// the app from serve's flags on a fresh data directory), asked to describe
-// itself, so that families not yet observed count too.
+// the app from serve's flags on a fresh data directory, and once more on
+// PostgreSQL), asked to describe itself, so that families not yet observed
+// count too.
 func servedMetrics(t *testing.T) map[string][]string {
+	t.Helper()
+	out := describeServed(t, "")
+	for name, labels := range describeServed(t, pgtest.DSN()) {
+		out[name] = append(out[name], labels...)
+	}
+	return out
+}
+
+// describeServed is servedMetrics for one store: the file store, or the
+// PostgreSQL one at dsn (in a schema of its own).
+func describeServed(t *testing.T, dsn string) map[string][]string {
 	t.Helper()
 	e := &env{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: io.Discard, Getenv: func(string) string { return "" }}
 	s := newSettings("serve", e)
@@ -39,7 +52,11 @@ func servedMetrics(t *testing.T) map[string][]string {
 		t.Fatal(err)
 	}
 	reg := serveRegistry()
-	a, err := buildApp(e, f.appConfig(slog.New(slog.NewTextHandler(io.Discard, nil)), reg, "http://127.0.0.1:1", brand))
+	cfg := f.appConfig(slog.New(slog.NewTextHandler(io.Discard, nil)), reg, "http://127.0.0.1:1", brand)
+	if dsn != "" {
+		cfg.DatabaseURL, cfg.DatabaseSchema = dsn, pgtest.Schema(t)
+	}
+	a, err := buildApp(e, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
