@@ -34,24 +34,15 @@ func TestWorker_RefusedCredentialsPauseTheChannel(t *testing.T) {
 	te := newTestEnv(t, queue.Backoff{})
 	var refuse atomic.Bool
 	refuse.Store(true)
-	te.fakes[envelope.ChannelTelegram].SetOneService(true)
-	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelTelegram], deliverCtx: func(context.Context) (channels.Receipt, error) {
+	var logs syncBuf
+	p, _, r := startPaused(t, te, envelope.ChannelTelegram, true, slog.New(slog.NewTextHandler(&logs, nil)), 6, func(i int) *envelope.Envelope {
+		return queuetest.Reply(fmt.Sprintf("r-%d", i), fmt.Sprintf("u-%d", i), "hi")
+	}, func() (channels.Receipt, error) {
 		if refuse.Load() {
 			return channels.Receipt{}, envelope.Permanent(envelope.ClassAuthFailed, errors.New("401 Unauthorized"))
 		}
 		return channels.Receipt{ID: "m"}, nil
-	}}
-	var envs []*envelope.Envelope
-	for i := range 6 {
-		envs = append(envs, queuetest.Reply(fmt.Sprintf("r-%d", i), fmt.Sprintf("u-%d", i), "hi"))
-	}
-	te.enqueue(t, envs...)
-	var logs syncBuf
-	cfg := te.config()
-	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelTelegram: p}
-	cfg.Concurrency = 1
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	r := startWorker(t, cfg)
+	})
 	paused := func() float64 { return testutil.ToFloat64(r.w.metrics.paused.WithLabelValues("telegram")) }
 	check := func(step string, calls, dead, sent int, gauge float64) {
 		t.Helper()
@@ -112,22 +103,14 @@ func TestWorker_UnreachableProviderPausesWithoutUsingAttempts(t *testing.T) {
 	te := newTestEnv(t, queue.Backoff{Base: time.Second, MaxAttempts: 3})
 	var down atomic.Bool
 	down.Store(true)
-	te.fakes[envelope.ChannelTelegram].SetOneService(true)
-	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelTelegram], deliverCtx: func(context.Context) (channels.Receipt, error) {
+	p, envs, r := startPaused(t, te, envelope.ChannelTelegram, true, nil, 6, func(i int) *envelope.Envelope {
+		return queuetest.Reply(fmt.Sprintf("r-%d", i), fmt.Sprintf("u-%d", i), "hi")
+	}, func() (channels.Receipt, error) {
 		if down.Load() {
 			return channels.Receipt{}, envelope.Retryable(envelope.ClassUnreachable, errors.New("dial tcp: connection refused"))
 		}
 		return channels.Receipt{ID: "m"}, nil
-	}}
-	var envs []*envelope.Envelope
-	for i := range 6 {
-		envs = append(envs, queuetest.Reply(fmt.Sprintf("r-%d", i), fmt.Sprintf("u-%d", i), "hi"))
-	}
-	te.enqueue(t, envs...)
-	cfg := te.config()
-	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelTelegram: p}
-	cfg.Concurrency = 1
-	r := startWorker(t, cfg)
+	})
 	r.idle(t)
 	committed(t, te.store)
 	lengths := pauseRules[envelope.ClassUnreachable]
@@ -164,22 +147,14 @@ func TestWorker_OutagePausesAfterThreeFailures(t *testing.T) {
 	te := newTestEnv(t, queue.Backoff{Base: time.Second, MaxAttempts: 3})
 	var down atomic.Bool
 	down.Store(true)
-	te.fakes[envelope.ChannelEmail].SetOneService(true)
-	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelEmail], deliverCtx: func(context.Context) (channels.Receipt, error) {
+	p, _, r := startPaused(t, te, envelope.ChannelEmail, true, nil, 8, func(i int) *envelope.Envelope {
+		return queuetest.Digest(fmt.Sprintf("d-%d", i), fmt.Sprintf("u-%d", i))
+	}, func() (channels.Receipt, error) {
 		if down.Load() {
 			return channels.Receipt{}, envelope.Retryable(envelope.ClassProviderUnavailable, errors.New("503"))
 		}
 		return channels.Receipt{ID: "m"}, nil
-	}}
-	var envs []*envelope.Envelope
-	for i := range 8 {
-		envs = append(envs, queuetest.Digest(fmt.Sprintf("d-%d", i), fmt.Sprintf("u-%d", i)))
-	}
-	te.enqueue(t, envs...)
-	cfg := te.config()
-	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelEmail: p}
-	cfg.Concurrency = 1
-	r := startWorker(t, cfg)
+	})
 	waitFor(t, "three calls", func() bool { return len(p.Calls()) >= 3 })
 	r.idle(t)
 	committed(t, te.store)
@@ -212,22 +187,14 @@ func TestWorker_QuotaPausesUntilTheReset(t *testing.T) {
 	te := newTestEnv(t, queue.Backoff{Base: time.Second, MaxAttempts: 2})
 	var used atomic.Bool
 	used.Store(true)
-	te.fakes[envelope.ChannelEmail].SetOneService(true)
-	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelEmail], deliverCtx: func(context.Context) (channels.Receipt, error) {
+	p, envs, r := startPaused(t, te, envelope.ChannelEmail, true, nil, 5, func(i int) *envelope.Envelope {
+		return queuetest.Digest(fmt.Sprintf("q-%d", i), fmt.Sprintf("u-%d", i))
+	}, func() (channels.Receipt, error) {
 		if used.Load() {
 			return channels.Receipt{}, envelope.RetryAfter(envelope.ClassQuotaExceeded, 2*time.Hour, errors.New("daily_quota_exceeded"))
 		}
 		return channels.Receipt{ID: "m"}, nil
-	}}
-	var envs []*envelope.Envelope
-	for i := range 5 {
-		envs = append(envs, queuetest.Digest(fmt.Sprintf("q-%d", i), fmt.Sprintf("u-%d", i)))
-	}
-	te.enqueue(t, envs...)
-	cfg := te.config()
-	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelEmail: p}
-	cfg.Concurrency = 1
-	r := startWorker(t, cfg)
+	})
 	waitFor(t, "the first call", func() bool { return len(p.Calls()) >= 1 })
 	r.idle(t)
 	committed(t, te.store)
@@ -256,24 +223,16 @@ func TestWorker_QuotaPausesUntilTheReset(t *testing.T) {
 func TestWorker_PacedProbeDoesNotResume(t *testing.T) {
 	te := newTestEnv(t, queue.Backoff{Base: time.Second})
 	var calls atomic.Int64
-	te.fakes[envelope.ChannelTelegram].SetOneService(true)
-	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelTelegram], deliverCtx: func(context.Context) (channels.Receipt, error) {
+	_, _, r := startPaused(t, te, envelope.ChannelTelegram, true, nil, 4, func(i int) *envelope.Envelope {
+		return queuetest.Reply(fmt.Sprintf("p-%d", i), fmt.Sprintf("u-%d", i), "hi")
+	}, func() (channels.Receipt, error) {
 		switch calls.Add(1) {
 		case 2:
 			return channels.Receipt{}, envelope.RetryAfter(envelope.ClassRateLimited, time.Second, errors.New("pacing"))
 		default:
 			return channels.Receipt{}, envelope.Retryable(envelope.ClassUnreachable, errors.New("refused"))
 		}
-	}}
-	var envs []*envelope.Envelope
-	for i := range 4 {
-		envs = append(envs, queuetest.Reply(fmt.Sprintf("p-%d", i), fmt.Sprintf("u-%d", i), "hi"))
-	}
-	te.enqueue(t, envs...)
-	cfg := te.config()
-	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelTelegram: p}
-	cfg.Concurrency = 1
-	r := startWorker(t, cfg)
+	})
 	waitFor(t, "the first call", func() bool { return calls.Load() >= 1 })
 	r.idle(t)
 	committed(t, te.store)
@@ -296,18 +255,11 @@ func TestWorker_PacedProbeDoesNotResume(t *testing.T) {
 // push.
 func TestWorker_PerMessageEndpointsDoNotPause(t *testing.T) {
 	te := newTestEnv(t, queue.Backoff{})
-	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelPush], deliverCtx: func(context.Context) (channels.Receipt, error) {
+	p, _, r := startPaused(t, te, envelope.ChannelPush, false, nil, 4, func(i int) *envelope.Envelope {
+		return queuetest.Nudge(fmt.Sprintf("n-%d", i), fmt.Sprintf("u-%d", i))
+	}, func() (channels.Receipt, error) {
 		return channels.Receipt{}, envelope.Permanent(envelope.ClassAuthFailed, errors.New("403"))
-	}}
-	var envs []*envelope.Envelope
-	for i := range 4 {
-		envs = append(envs, queuetest.Nudge(fmt.Sprintf("n-%d", i), fmt.Sprintf("u-%d", i)))
-	}
-	te.enqueue(t, envs...)
-	cfg := te.config()
-	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelPush: p}
-	cfg.Concurrency = 1
-	r := startWorker(t, cfg)
+	})
 	waitFor(t, "every row tried", func() bool { return len(p.Calls()) == 4 })
 	r.idle(t)
 	if got := testutil.ToFloat64(r.w.metrics.paused.WithLabelValues("push")); got != 0 {
@@ -399,3 +351,25 @@ func (b *syncBuf) String() string {
 }
 
 func first[A, B any](a A, _ B) A { return a }
+
+// startPaused enqueues n envelopes made by mk and runs a worker with one
+// slot whose only provider, on ch, answers every Deliver with deliver (a
+// one-service provider when one); logger nil logs nowhere.
+func startPaused(t *testing.T, te *testEnv, ch envelope.Channel, one bool, logger *slog.Logger, n int,
+	mk func(i int) *envelope.Envelope, deliver func() (channels.Receipt, error)) (*scriptedProvider, []*envelope.Envelope, *running) {
+	t.Helper()
+	te.fakes[ch].SetOneService(one)
+	p := &scriptedProvider{Provider: te.fakes[ch], deliverCtx: func(context.Context) (channels.Receipt, error) { return deliver() }}
+	var envs []*envelope.Envelope
+	for i := range n {
+		envs = append(envs, mk(i))
+	}
+	te.enqueue(t, envs...)
+	cfg := te.config()
+	cfg.Providers = map[envelope.Channel]channels.Provider{ch: p}
+	cfg.Concurrency = 1
+	if logger != nil {
+		cfg.Logger = logger
+	}
+	return p, envs, startWorker(t, cfg)
+}

@@ -353,19 +353,11 @@ func (w *Worker) turn(ctx context.Context) (progress, saturated bool, err error)
 		if w.free() == 0 {
 			break
 		}
-		leases, err := w.leases.Claim(ctx, w.request([]envelope.Channel{ch}, 1))
+		n, err := w.claim(ctx, []envelope.Channel{ch}, 1, func(l *queue.Lease) { w.paused.startProbe(ch, l.Key) })
 		if err != nil {
-			if ctx.Err() == nil {
-				w.logStoreError(ctx, "claim", err)
-			}
 			return progress, false, err
 		}
-		for _, l := range leases {
-			progress = true
-			w.paused.startProbe(ch, l.Key)
-			w.metrics.claims.WithLabelValues(string(l.Channel)).Inc()
-			w.dispatch(ctx, "deliver", l)
-		}
+		progress = progress || n > 0
 	}
 	for {
 		n := w.free()
@@ -377,22 +369,36 @@ func (w *Worker) turn(ctx context.Context) (progress, saturated bool, err error)
 			return progress, false, nil
 		}
 		limit := min(n, w.cfg.ClaimBatch)
-		leases, err := w.leases.Claim(ctx, w.request(chans, limit))
+		got, err := w.claim(ctx, chans, limit, nil)
 		if err != nil {
-			if ctx.Err() == nil {
-				w.logStoreError(ctx, "claim", err)
-			}
 			return progress, false, err
 		}
-		for _, l := range leases {
-			progress = true
-			w.metrics.claims.WithLabelValues(string(l.Channel)).Inc()
-			w.dispatch(ctx, "deliver", l)
-		}
-		if len(leases) < limit {
+		progress = progress || got > 0
+		if got < limit {
 			return progress, false, nil
 		}
 	}
+}
+
+// claim leases up to limit rows of chans and dispatches their deliveries;
+// each, when given, runs on every lease before its task starts. It
+// returns how many it leased.
+func (w *Worker) claim(ctx context.Context, chans []envelope.Channel, limit int, each func(*queue.Lease)) (int, error) {
+	leases, err := w.leases.Claim(ctx, w.request(chans, limit))
+	if err != nil {
+		if ctx.Err() == nil {
+			w.logStoreError(ctx, "claim", err)
+		}
+		return 0, err
+	}
+	for _, l := range leases {
+		if each != nil {
+			each(l)
+		}
+		w.metrics.claims.WithLabelValues(string(l.Channel)).Inc()
+		w.dispatch(ctx, "deliver", l)
+	}
+	return len(leases), nil
 }
 
 func (w *Worker) request(chans []envelope.Channel, limit int) queue.ClaimRequest {
