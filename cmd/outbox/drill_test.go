@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore"
 	"github.com/outboxhq/outbox/queue/pgstore"
@@ -76,25 +74,8 @@ func killDrill(t *testing.T, store string, kills int) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					id, _ := acks.next("h")
-					user := "u" + strconv.Itoa(rand.IntN(5))
-					req, _ := http.NewRequest("POST", base+"/v1/envelopes", bytes.NewReader(replyJSON(id, user)))
-					req.Header.Set("Authorization", "Bearer "+token)
-					resp, err := client.Do(req)
-					if err != nil {
-						continue // the daemon died: not acknowledged
-					}
-					if resp.StatusCode == http.StatusCreated {
-						acks.ack(id, user, "http", 0)
-					}
-					resp.Body.Close()
-				}
+				postLoop(client, base, token, acks, stop, func() string { return "u" + strconv.Itoa(rand.IntN(5)) },
+					func(id, user string, _ int) []byte { return replyJSON(id, user) })
 			}()
 		}
 		// A foreign appender process.
@@ -113,21 +94,7 @@ func killDrill(t *testing.T, store string, kills int) {
 	// Final run: let everything settle (expired leases are reconciled).
 	d, base := start()
 	_ = base
-	settle := time.Now().Add(90 * time.Second)
-	var counts queue.Counts
-	for {
-		out, code := outbox(t, bin, "stats", "--data", data, "--tenant", "*", "--json")
-		if code == 0 {
-			counts = queue.Counts{}
-			if err := jsonUnmarshal([]byte(out), &counts); err == nil && counts.Total(envelope.StatePending)+counts.Total(envelope.StateSending)+counts.Total(envelope.StateRetryable) == 0 {
-				break
-			}
-		}
-		if time.Now().After(settle) {
-			t.Fatalf("deliveries did not settle: %s", out)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	counts := settle(t, bin, data)
 	d.stop(t)
 
 	if out, code := outbox(t, bin, "doctor", "--data", data); code != 0 {
@@ -145,21 +112,7 @@ func killDrill(t *testing.T, store string, kills int) {
 	}
 	defer q.Close()
 	acked := acks.snapshot()
-	lost, unresolved, delivered := 0, 0, 0
-	for id := range acked {
-		st, err := q.Get(context.Background(), "", id)
-		if err != nil {
-			lost++
-			t.Errorf("acknowledged %s lost: %v", id, err)
-			continue
-		}
-		switch st.Status {
-		case queue.StatusDelivered:
-			delivered++
-		case string(envelope.StateUnresolved):
-			unresolved++
-		}
-	}
+	lost, unresolved, delivered := checkAcked(t, q, acked)
 	// No key delivered twice: the sink journals every Deliver call, and
 	// every call follows a claim written to the index, so any repeat means
 	// a lease was lost or ignored.

@@ -2,7 +2,10 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
 )
 
 // Helpers shared by the drills that run outbox serve as a child process
@@ -161,4 +167,69 @@ func sinkJournal(t *testing.T, data, ch string) map[string]int {
 		}
 	}
 	return per
+}
+
+// postLoop posts envelopes (ids "h…", for user(), built by mk) to serve at
+// base until stop is closed, and records those it answered 201.
+func postLoop(client *http.Client, base, token string, a *ackSet, stop <-chan struct{}, user func() string, mk func(id, user string, n int) []byte) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		id, n := a.next("h")
+		u := user()
+		req, _ := http.NewRequest("POST", base+"/v1/envelopes", bytes.NewReader(mk(id, u, n)))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := client.Do(req)
+		if err != nil {
+			continue // the daemon died: not acknowledged
+		}
+		if resp.StatusCode == http.StatusCreated {
+			a.ack(id, u, "http", 0)
+		}
+		resp.Body.Close()
+	}
+}
+
+// settle waits (90 s at most) until no row of the store at data is
+// pending, sending or retryable, and returns the counts.
+func settle(t *testing.T, bin, data string) queue.Counts {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		out, code := outbox(t, bin, "stats", "--data", data, "--tenant", "*", "--json")
+		if code == 0 {
+			var counts queue.Counts
+			if err := jsonUnmarshal([]byte(out), &counts); err == nil && counts.Total(envelope.StatePending)+counts.Total(envelope.StateSending)+counts.Total(envelope.StateRetryable) == 0 {
+				return counts
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("deliveries did not settle: %s", out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// checkAcked looks up every acknowledged envelope in q: it reports each
+// one missing, and counts them.
+func checkAcked(t *testing.T, q queue.Store, acked map[string]ackInfo) (lost, unresolved, delivered int) {
+	t.Helper()
+	for id := range acked {
+		st, err := q.Get(context.Background(), "", id)
+		if err != nil {
+			lost++
+			t.Errorf("acknowledged %s lost: %v", id, err)
+			continue
+		}
+		switch st.Status {
+		case queue.StatusDelivered:
+			delivered++
+		case string(envelope.StateUnresolved):
+			unresolved++
+		}
+	}
+	return lost, unresolved, delivered
 }
