@@ -1,0 +1,289 @@
+package crashfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// FS is a mounted crash file system.
+type FS struct {
+	backing, mnt string
+	srv          *fuse.Server
+
+	mu      sync.Mutex
+	cut     bool
+	root    ident                      // the backing root
+	files   map[ident][]byte           // durable data
+	dirs    map[ident]map[string]ident // durable entries
+	modes   map[ident]fs.FileMode      // type and permissions, as last seen
+	syncs   int
+	dirSync int
+}
+
+// Mount serves backing at mnt (an existing, empty directory). Everything
+// already in backing is durable.
+func Mount(backing, mnt string) (*FS, error) {
+	backing, err := filepath.Abs(backing)
+	if err != nil {
+		return nil, err
+	}
+	c := &FS{backing: backing, mnt: mnt, files: map[ident][]byte{}, dirs: map[ident]map[string]ident{}, modes: map[ident]fs.FileMode{}}
+	if c.root, _, err = identOf(backing); err != nil {
+		return nil, err
+	}
+	if err := c.recordTree(backing); err != nil {
+		return nil, fmt.Errorf("crashfs: %w", err)
+	}
+	lb, err := gofs.NewLoopbackRoot(backing)
+	if err != nil {
+		return nil, err
+	}
+	ln := lb.(*gofs.LoopbackNode)
+	root := &node{LoopbackNode: ln, c: c}
+	ln.RootData.RootNode = root
+	// No caching of names or attributes in the kernel: every stat sees the
+	// backing file as it is (the store compares inodes and sizes).
+	zero := time.Duration(0)
+	c.srv, err = gofs.Mount(mnt, root, &gofs.Options{
+		EntryTimeout: &zero, AttrTimeout: &zero, NegativeTimeout: &zero,
+		MountOptions: fuse.MountOptions{DirectMount: true, FsName: "crashfs", Name: "crashfs", MaxBackground: 64},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("crashfs: mount %s: %w", mnt, err)
+	}
+	return c, nil
+}
+
+// Unmount unmounts the file system; the processes that used it must be
+// gone.
+func (c *FS) Unmount() error {
+	var err error
+	for i := 0; i < 50; i++ {
+		if err = c.srv.Unmount(); err == nil {
+			c.srv.Wait()
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond) // a killed process's files are still closing
+	}
+	return fmt.Errorf("crashfs: unmount %s: %w", c.mnt, err)
+}
+
+// Cut is the power cut: from now on nothing more becomes durable, and
+// every fsync fails with EIO.
+func (c *FS) Cut() {
+	c.mu.Lock()
+	c.cut = true
+	c.mu.Unlock()
+}
+
+// Syncs returns how many file and directory syncs were recorded.
+func (c *FS) Syncs() (files, dirs int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.syncs, c.dirSync
+}
+
+// WriteDurable writes what the disk holds (as of Cut, or of now) into dst,
+// a directory that must not exist yet.
+func (c *FS) WriteDurable(dst string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := os.Mkdir(dst, c.modes[c.root].Perm()|0o700); err != nil {
+		return err
+	}
+	return c.writeDir(dst, c.root, 0)
+}
+
+func (c *FS) writeDir(dst string, ino ident, depth int) error {
+	if depth > 64 {
+		return errors.New("crashfs: directories nested too deep (a cycle?)")
+	}
+	for name, child := range c.dirs[ino] {
+		p := filepath.Join(dst, name)
+		mode := c.modes[child]
+		switch {
+		case mode.IsDir():
+			if err := os.Mkdir(p, mode.Perm()|0o700); err != nil {
+				return err
+			}
+			if err := c.writeDir(p, child, depth+1); err != nil {
+				return err
+			}
+		case mode.IsRegular():
+			if err := os.WriteFile(p, c.files[child], mode.Perm()|0o600); err != nil {
+				return err
+			}
+		}
+		// Anything else (a socket, a symlink) is not kept.
+	}
+	return nil
+}
+
+// recordTree makes everything under dir durable.
+func (c *FS) recordTree(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return c.recordDir(p)
+		}
+		if d.Type().IsRegular() {
+			return c.recordFile(p)
+		}
+		return nil
+	})
+}
+
+// recordFile makes the backing file at p durable as it is.
+func (c *FS) recordFile(p string) error {
+	ino, mode, err := identOf(p)
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err
+	}
+	c.files[ino] = b
+	c.modes[ino] = mode
+	return nil
+}
+
+// recordDir makes the entries of the backing directory at p durable as
+// they are (not the data of the files they name).
+func (c *FS) recordDir(p string) error {
+	ino, mode, err := identOf(p)
+	if err != nil {
+		return err
+	}
+	des, err := os.ReadDir(p)
+	if err != nil {
+		return err
+	}
+	entries := make(map[string]ident, len(des))
+	for _, de := range des {
+		child, cmode, err := identOf(filepath.Join(p, de.Name()))
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			return err
+		}
+		entries[de.Name()] = child
+		c.modes[child] = cmode
+	}
+	c.dirs[ino] = entries
+	c.modes[ino] = mode
+	return nil
+}
+
+// ident names a file of the backing file system for good: its inode
+// number with its birth time, since a removed file's number is reused.
+type ident struct {
+	ino   uint64
+	btime int64
+}
+
+func identOf(p string) (ident, fs.FileMode, error) {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_INO|unix.STATX_BTIME|unix.STATX_TYPE|unix.STATX_MODE, &st); err != nil {
+		return ident{}, 0, &fs.PathError{Op: "statx", Path: p, Err: err}
+	}
+	if st.Mask&unix.STATX_BTIME == 0 {
+		return ident{}, 0, fmt.Errorf("crashfs: %s: the backing file system keeps no birth times", p)
+	}
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return ident{}, 0, err
+	}
+	return ident{st.Ino, st.Btime.Sec*1e9 + int64(st.Btime.Nsec)}, fi.Mode(), nil
+}
+
+// sync records an fsync of the node at rel (relative to the backing
+// root).
+func (c *FS) sync(rel string, dir bool) syscall.Errno {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cut {
+		return syscall.EIO
+	}
+	p := filepath.Join(c.backing, rel)
+	var err error
+	if dir {
+		err = c.recordDir(p)
+		c.dirSync++
+	} else {
+		err = c.recordFile(p)
+		c.syncs++
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) { // an unlinked file's data does not matter
+		return gofs.ToErrno(err)
+	}
+	return 0
+}
+
+// node is a loopback node whose syncs are recorded.
+type node struct {
+	*gofs.LoopbackNode
+	c *FS
+}
+
+var (
+	_ gofs.NodeWrapChilder    = (*node)(nil)
+	_ gofs.NodeFsyncer        = (*node)(nil)
+	_ gofs.NodeOpendirHandler = (*node)(nil)
+	_ dirStream               = (*dirHandle)(nil)
+)
+
+func (n *node) WrapChild(_ context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
+	return &node{LoopbackNode: ops.(*gofs.LoopbackNode), c: n.c}
+}
+
+func (n *node) rel() string { return n.Path(n.Root()) }
+
+// Fsync records a file's data (fsync and fdatasync alike). The backing
+// file is not synced: the model decides what survives.
+func (n *node) Fsync(_ context.Context, _ gofs.FileHandle, _ uint32) syscall.Errno {
+	return n.c.sync(n.rel(), n.IsDir())
+}
+
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	fh, fl, errno := n.LoopbackNode.OpendirHandle(ctx, flags)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	h, ok := fh.(dirStream)
+	if !ok {
+		return fh, fl, 0
+	}
+	return &dirHandle{dirStream: h, n: n}, fl, 0
+}
+
+type dirStream interface {
+	gofs.FileReaddirenter
+	gofs.FileReleasedirer
+	gofs.FileSeekdirer
+	gofs.FileFsyncdirer
+}
+
+// dirHandle is an open directory whose fsync is recorded.
+type dirHandle struct {
+	dirStream
+	n *node
+}
+
+func (d *dirHandle) Fsyncdir(_ context.Context, _ uint32) syscall.Errno {
+	return d.n.c.sync(d.n.rel(), true)
+}

@@ -1,0 +1,125 @@
+package crashfs
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+// mountForTest mounts a crash file system over a fresh backing directory
+// holding one file, or skips when OUTBOX_POWERCUT is unset (make powercut
+// sets it: mounting needs root and /dev/fuse).
+func mountForTest(t *testing.T) (*FS, string) {
+	t.Helper()
+	if os.Getenv("OUTBOX_POWERCUT") == "" {
+		t.Skip("set OUTBOX_POWERCUT to run the power-cut tests (root, /dev/fuse); make powercut does")
+	}
+	back, mnt := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(back, "before"), []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Mount(back, mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Unmount() })
+	return c, mnt
+}
+
+func write(t *testing.T, p, s string, sync bool) {
+	t.Helper()
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(s); err != nil {
+		t.Fatal(err)
+	}
+	if sync {
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func syncDir(t *testing.T, p string) {
+	t.Helper()
+	d, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWriteDurable_KeepsOnlyWhatWasSynced(t *testing.T) {
+	c, mnt := mountForTest(t)
+	m := func(n string) string { return filepath.Join(mnt, n) }
+
+	write(t, m("synced-no-entry"), "a", true) // its directory never synced after it
+	write(t, m("before"), "+unsynced", false)
+	if err := os.Mkdir(m("sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(t, m("sub/inner"), "in", true)
+	syncDir(t, m("sub"))
+	write(t, m("tmp"), "renamed", true)
+	if err := os.Rename(m("tmp"), m("final")); err != nil {
+		t.Fatal(err)
+	}
+	write(t, m("entry-only"), "never synced", false)
+	syncDir(t, mnt) // now: sub, final, entry-only, synced-no-entry, before
+	write(t, m("final"), "+later", false)
+	write(t, m("after-dir-sync"), "x", true) // entry not synced
+	if err := os.Remove(m("synced-no-entry")); err != nil {
+		t.Fatal(err)
+	}
+
+	c.Cut()
+	f, err := os.OpenFile(m("final"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("fsync after the cut = %v, want EIO", err)
+	}
+	f.Close()
+
+	out := filepath.Join(t.TempDir(), "disk")
+	if err := c.WriteDurable(out); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"before":          "old",
+		"final":           "renamed",
+		"entry-only":      "",
+		"synced-no-entry": "a", // removed after the directory's sync: still there
+		"sub/inner":       "in",
+	}
+	got := map[string]string{}
+	err = filepath.WalkDir(out, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(out, p)
+		got[rel] = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Errorf("files after the cut: %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+}
