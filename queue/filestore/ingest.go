@@ -649,6 +649,12 @@ func (q *Queue) catchUp(tx *bolt.Tx, rel string, known knownFunc, mine *prepared
 	if pos == off && reset == "" {
 		return nil
 	}
+	if ing.unsynced {
+		// Before the transaction that refers to them can commit.
+		if err := q.app.SyncLog(rel, fino, !indexed); err != nil {
+			return err
+		}
+	}
 	return logs.Put([]byte(rel), append(u64(uint64(pos)), u64(fino)...))
 }
 
@@ -660,6 +666,9 @@ type ingestion struct {
 	reset logReset
 	moved map[string]bool // records found elsewhere in a reset log
 	now   time.Time
+	// unsynced: lines were read that no Enqueue of this process wrote
+	// (and synced): another process's, or an earlier run's.
+	unsynced bool
 }
 
 // ingestLines indexes the complete lines data of a log, read at offset
@@ -698,6 +707,7 @@ func (q *Queue) ingestLines(tx *bolt.Tx, ing *ingestion, data []byte, base int64
 				// stored offset always follows a newline.
 				return base + int64(bytes.LastIndexByte(data[:ln.Off-base], '\n')+1), nil
 			}
+			ing.unsynced = true
 			e, err := envelope.Parse(ln.Data)
 			if err != nil {
 				q.quarantine(rel, ln.Off, err)

@@ -571,6 +571,38 @@ func (a *Appender) Settled(rel string) bool {
 	return err == nil && g.known(size, ino) >= 0
 }
 
+// SyncLog makes what the log at rel (inode ino) holds durable, and, when
+// newFile, the entries of its directory and of the one above (a tenant's
+// first log makes both): the index must not refer to bytes that a machine
+// crash could take, and bytes another process appended are not known to be
+// synced (a writer may not sync, or may not have yet). A log that is no
+// longer ino is left alone: it is indexed again from its start when next
+// read. In relaxed mode (no Syncer) it does nothing.
+func (a *Appender) SyncLog(rel string, ino uint64, newFile bool) error {
+	if a.sync == nil {
+		return nil
+	}
+	path := filepath.Join(a.dir, rel)
+	f, err := openFile(path, unix.O_RDONLY, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	defer f.Close()
+	if _, fino, err := fileSize(f); err != nil || fino != ino {
+		return err
+	}
+	if err := a.sync(f); err != nil {
+		return fmt.Errorf("sync log: %w", err)
+	}
+	if newFile {
+		return syncDirs([]string{filepath.Dir(path), filepath.Dir(filepath.Dir(path))}, a.sync)
+	}
+	return nil
+}
+
 // ReadLines reads the log at rel from offset off like the package's
 // ReadLines, but never while this appender writes into the log, without
 // reading again what it knows to hold no complete line (a torn tail, an

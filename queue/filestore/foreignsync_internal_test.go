@@ -1,0 +1,105 @@
+package filestore
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
+	bolt "go.etcd.io/bbolt"
+)
+
+// syncLog records the order of log syncs and index commits.
+type syncLog struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (s *syncLog) add(e string) {
+	s.mu.Lock()
+	s.events = append(s.events, e)
+	s.mu.Unlock()
+}
+
+func (s *syncLog) take() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.events
+	s.events = nil
+	return out
+}
+
+// Bytes another process appended are made durable before the index
+// refers to them: a foreign writer may not have synced them (or not yet),
+// and an index entry for a record a machine crash then takes points at
+// whatever is appended there next (doctor: "does not match its index
+// entry"), while a retry of that envelope is answered as a duplicate. Found
+// by the power-cut drill (make powercut). The store's own appends, synced
+// before they are registered, are not synced again.
+func TestCatchUp_SyncsForeignBytesBeforeIndexing(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	defer q.Close()
+	ctx := context.Background()
+	var rec syncLog
+	setAppender(t, q, applog.NewAppender(dir, func(f *os.File) error {
+		rel, _ := filepath.Rel(dir, f.Name())
+		rec.add("sync " + rel)
+		return applog.Fdatasync(f)
+	}))
+	hook := func() error { rec.add("commit"); return nil }
+	q.beforeCommit.Store(&hook)
+	defer q.beforeCommit.Store(nil)
+
+	// A foreign line, written without a sync (a shell's >>, or a writer
+	// that has not synced yet).
+	e := faultEnvelope("foreign-1", "u1")
+	e.TenantID = envelope.DefaultTenant
+	line, err := envelope.ValidEncoding(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := applog.RelPath(e.TenantID, e.UserID)
+	if _, err := applog.AppendLocked(filepath.Join(dir, rel), append(line, '\n'), nil); err != nil {
+		t.Fatal(err)
+	}
+	rec.take()
+	if err := q.write(ctx, true, func(tx *bolt.Tx) error { return q.catchUp(tx, rel, nil, nil) }); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rec.take(), []string{"sync " + rel, "commit"}; !slices.Equal(got, want) {
+		t.Fatalf("catch-up of a foreign line: %q, want %q (the log synced before the index refers to it)", got, want)
+	}
+	if _, err := q.Get(ctx, "", "foreign-1"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Nothing new: no sync.
+	if err := q.write(ctx, true, func(tx *bolt.Tx) error { return q.catchUp(tx, rel, nil, nil) }); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.take(); slices.Contains(got, "sync "+rel) {
+		t.Fatalf("catch-up with nothing new synced the log: %q", got)
+	}
+
+	// The store's own append: one sync, the append's.
+	if _, err := q.Enqueue(ctx, faultEnvelope("own-1", "u1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Get(ctx, "", "own-1"); err != nil { // its index update committed
+		t.Fatal(err)
+	}
+	n := 0
+	for _, ev := range rec.take() {
+		if ev == "sync "+rel {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("an own enqueue synced its log %d times, want 1", n)
+	}
+}
