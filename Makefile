@@ -81,6 +81,10 @@ faults: ## the fault drill: 200 faults (FAULTS=…; SEED=… repeats a sequence)
 	@mkdir -p bin
 	OUTBOX_FAULTS=$${FAULTS:-200} OUTBOX_FAULTS_SEED=$(SEED) OUTBOX_FAULTS_REPORT=$(CURDIR)/bin/faults-report.md $(GO) test -count=1 -timeout 60m -run 'TestDrill_Faults$$' -v ./cmd/outbox/
 
+.PHONY: powercut
+powercut: ## the power-cut drill: serve on a crash file system, the power cut CUTS times (30) under load; nothing unsynced survives (root, /dev/fuse)
+	OUTBOX_POWERCUT=$${CUTS:-30} $(GO) test -count=1 -timeout 30m -run '^TestDrill_PowerCut$$|^TestWriteDurable' -v ./cmd/outbox/ ./internal/crashfs/
+
 .PHONY: index-faults
 index-faults: ## the index fault tests with more rounds (ROUNDS=30): killed rebuilds, compact racing serve, corruptions
 	OUTBOX_INDEX_FAULT_ROUNDS=$${ROUNDS:-30} $(GO) test -count=1 -timeout 30m -run '^TestFault_|^TestOpen_CorruptIndexNeverCrashes$$' -v ./cmd/outbox/ ./queue/filestore/

@@ -74,7 +74,7 @@ func killDrill(t *testing.T, store string, kills int) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				postLoop(client, base, token, acks, stop, func() string { return "u" + strconv.Itoa(rand.IntN(5)) },
+				postLoop(client, base, token, acks, stop, 0, func() string { return "u" + strconv.Itoa(rand.IntN(5)) },
 					func(id, user string, _ int) []byte { return replyJSON(id, user) })
 			}()
 		}

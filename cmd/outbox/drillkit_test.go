@@ -170,13 +170,14 @@ func sinkJournal(t *testing.T, data, ch string) map[string]int {
 }
 
 // postLoop posts envelopes (ids "h…", for user(), built by mk) to serve at
-// base until stop is closed, and records those it answered 201.
-func postLoop(client *http.Client, base, token string, a *ackSet, stop <-chan struct{}, user func() string, mk func(id, user string, n int) []byte) {
+// base, pause apart, until stop is closed, and records those it answered
+// 201.
+func postLoop(client *http.Client, base, token string, a *ackSet, stop <-chan struct{}, pause time.Duration, user func() string, mk func(id, user string, n int) []byte) {
 	for {
 		select {
 		case <-stop:
 			return
-		default:
+		case <-time.After(pause):
 		}
 		id, n := a.next("h")
 		u := user()

@@ -66,15 +66,18 @@ func Mount(backing, mnt string) (*FS, error) {
 }
 
 // Unmount unmounts the file system; the processes that used it must be
-// gone.
+// gone. After 5 s of "busy" it detaches it (lazy unmount).
 func (c *FS) Unmount() error {
 	var err error
 	for i := 0; i < 50; i++ {
-		if err = c.srv.Unmount(); err == nil {
+		if err = syscall.Unmount(c.mnt, 0); err == nil {
 			c.srv.Wait()
 			return nil
 		}
 		time.Sleep(100 * time.Millisecond) // a killed process's files are still closing
+	}
+	if derr := syscall.Unmount(c.mnt, syscall.MNT_DETACH); derr == nil {
+		c.srv.Wait()
 	}
 	return fmt.Errorf("crashfs: unmount %s: %w", c.mnt, err)
 }
