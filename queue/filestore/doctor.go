@@ -448,8 +448,10 @@ func fillIndex(dir string, db *bolt.DB, id string, o Options) (int, error) {
 		inflight: map[string]struct{}{},
 		known:    map[string][]*prepared{},
 		cache:    newEnvCache(1),
-		app:      applog.NewAppender(dir, nil),
-		m:        newStoreMetrics(nil, ""),
+		// Syncing: the new index must not refer to log bytes a machine
+		// crash could still take (see catchUp).
+		app: applog.NewAppender(dir, logSyncer(o.NoSync)),
+		m:   newStoreMetrics(nil, ""),
 	}
 	q.db.Store(db)
 	defer q.app.Close()

@@ -103,3 +103,44 @@ func TestCatchUp_SyncsForeignBytesBeforeIndexing(t *testing.T) {
 		t.Fatalf("an own enqueue synced its log %d times, want 1", n)
 	}
 }
+
+// A rebuild syncs the logs it indexes too: after a crash of serve, a log
+// may hold bytes the page cache has and the disk has not (an append whose
+// fsync never came), and the new index is fsynced before it replaces the
+// old one.
+func TestRebuild_SyncsTheLogsItIndexes(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	if _, err := q.Enqueue(context.Background(), faultEnvelope("e1", "u1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e := faultEnvelope("e2", "u2")
+	e.TenantID = envelope.DefaultTenant
+	line, err := envelope.ValidEncoding(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := applog.RelPath(e.TenantID, e.UserID)
+	if _, err := applog.AppendLocked(filepath.Join(dir, rel), append(line, '\n'), nil); err != nil {
+		t.Fatal(err)
+	}
+	var rec syncLog
+	defer func(old applog.Syncer) { syncLogFile = old }(syncLogFile)
+	syncLogFile = func(f *os.File) error {
+		r, _ := filepath.Rel(dir, f.Name())
+		rec.add("sync " + r)
+		return applog.Fdatasync(f)
+	}
+	if n, err := Rebuild(dir, nil); err != nil || n != 2 {
+		t.Fatalf("Rebuild = %d, %v; want 2 envelopes", n, err)
+	}
+	got := rec.take()
+	for _, r := range []string{applog.RelPath(envelope.DefaultTenant, "u1"), rel} {
+		if !slices.Contains(got, "sync "+r) {
+			t.Errorf("Rebuild did not sync %s: %q", r, got)
+		}
+	}
+}

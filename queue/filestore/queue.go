@@ -234,11 +234,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	}
 	q.db.Store(db)
 	q.indexFile, _ = os.Stat(path)
-	if !o.NoSync {
-		q.app = applog.NewAppender(dir, applog.Fdatasync)
-	} else {
-		q.app = applog.NewAppender(dir, nil)
-	}
+	q.app = applog.NewAppender(dir, logSyncer(o.NoSync))
 	q.m = newStoreMetrics(o.Registerer, dir)
 	if err := q.init(); err != nil {
 		db.Close()
@@ -551,6 +547,18 @@ func (q *Queue) writeLoop() {
 		}
 	}
 }
+
+// logSyncer is how the store syncs logs: not at all in relaxed mode
+// (noSync).
+func logSyncer(noSync bool) applog.Syncer {
+	if noSync {
+		return nil
+	}
+	return syncLogFile
+}
+
+// syncLogFile is the Syncer of the store's logs (a test's hook).
+var syncLogFile applog.Syncer = applog.Fdatasync
 
 // syncDelay bounds how long an index transaction that skipped fsync stays
 // unsynced.
