@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -21,8 +22,10 @@ import (
 	"time"
 
 	"github.com/outboxhq/outbox/internal/crashfs"
+	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore"
 	"github.com/outboxhq/outbox/queue/httpapi"
+	"github.com/outboxhq/outbox/queue/pgstore"
 )
 
 // TestDrill_PowerCut is the power-cut drill: outbox serve keeps its data
@@ -50,6 +53,11 @@ import (
 //   - rebuild (Telegram): every cut comes during `outbox doctor
 //     --rebuild`; serve starts after it (or after the rebuild it asks
 //     for), and still no key reaches Telegram twice.
+//   - postgres (Telegram): the PostgreSQL store, the server's data
+//     directory on the same crashing disk as serve's (one host), fsync and
+//     synchronous_commit on; after each cut the server recovers, and serve
+//     must start on it (its mark file, on that disk too, must not take the
+//     crash for a restore from a backup); the telegram checks.
 //
 // make powercut runs it (OUTBOX_POWERCUT cuts each; root and /dev/fuse).
 func TestDrill_PowerCut(t *testing.T) {
@@ -57,7 +65,7 @@ func TestDrill_PowerCut(t *testing.T) {
 	if err != nil || cuts <= 0 {
 		t.Skip("set OUTBOX_POWERCUT to a number of power cuts (root, /dev/fuse); make powercut does")
 	}
-	for _, variant := range []string{"sink", "telegram", "rebuild"} {
+	for _, variant := range []string{"sink", "telegram", "rebuild", "postgres"} {
 		t.Run(variant, func(t *testing.T) { powerCutDrill(t, cuts, variant) })
 	}
 }
@@ -147,22 +155,45 @@ func (cl *consentLog) check(t *testing.T, client *http.Client, base, token strin
 
 // powerCutDrill runs the drill in one variant: "sink" or "telegram" (the
 // provider; the cut comes under load, or during `outbox compact` every
-// fourth time), or "rebuild" (Telegram; every cut comes during `outbox
-// doctor --rebuild`, after some load: a rebuild makes every row it cannot
-// know unresolved, delivered ones included).
+// fourth time), "rebuild" (Telegram; every cut comes during `outbox doctor
+// --rebuild`, after some load: a rebuild makes every row it cannot know
+// unresolved, delivered ones included), or "postgres" (Telegram; the cut
+// under load, with the database on the same disk).
 func powerCutDrill(t *testing.T, cuts int, variant string) {
 	bin := buildBinary(t)
-	root := t.TempDir()
-	data := filepath.Join(root, "data") // the mount point, the same path for every serve
-	sinkDir := filepath.Join(root, "provider")
+	// Searchable by others: PostgreSQL's server runs as its own user.
+	root, err := os.MkdirTemp("", "outbox-powercut-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	mnt := filepath.Join(root, "mnt") // the mount point, the same path for every serve
 	disk := filepath.Join(root, "disk-0")
-	for _, d := range []string{data, sinkDir, filepath.Join(disk, "sink")} {
+	// serve's data directory: the whole disk, or beside PostgreSQL's (one
+	// host: the database and outbox lose power together).
+	data, dataOnDisk := mnt, disk
+	if variant == "postgres" {
+		data, dataOnDisk = filepath.Join(mnt, "outbox"), filepath.Join(disk, "outbox")
+	}
+	sinkDir := filepath.Join(root, "provider")
+	for _, d := range []string{mnt, sinkDir, filepath.Join(dataOnDisk, "sink")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
-	mount := func() *crashfs.FS {
-		c, err := crashfs.Mount(disk, data)
+	for _, d := range []string{root, mnt, disk} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var pg *crashPG
+	if variant == "postgres" {
+		pg = newCrashPG(t, filepath.Join(disk, "pg"), filepath.Join(root, "pgsock"))
+		pg.data = filepath.Join(mnt, "pg") // where it runs
+		t.Setenv(EnvDatabaseURL, pg.DSN()) // serve, stats, enqueue and doctor inherit it
+	}
+	mount := func(cut int) *crashfs.FS {
+		c, err := crashfs.Mount(disk, mnt)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,9 +201,15 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 			_ = c.Unmount()
 			t.Fatalf("bind the sink's directory: %v", err)
 		}
+		if pg != nil {
+			pg.start(t, cut)
+		}
 		return c
 	}
 	unmount := func(c *crashfs.FS) {
+		if pg != nil {
+			pg.kill()
+		}
 		if err := syscall.Unmount(filepath.Join(data, "sink"), 0); err != nil {
 			t.Errorf("unbind the sink's directory: %v", err)
 		}
@@ -234,7 +271,7 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 	compacts, compactsCut, compactTook := 0, 0, 100*time.Millisecond
 	rebuilds, rebuildsCut, rebuildTook, lastRebuild := 0, 0, 100*time.Millisecond, false
 	for k := 0; k < cuts; k++ {
-		c := mount()
+		c := mount(k)
 		d := start(k, lastRebuild)
 		lastRebuild = false
 		consent.check(t, client, d.base, token, k)
@@ -265,7 +302,7 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 			appendLoop(bin, data, envDir, acks, stop, pause, func() (string, string) { return "c", user("c") }, mk)
 		}()
 		time.Sleep(time.Duration(150+rand.IntN(600)) * time.Millisecond)
-		if k%4 == 3 || variant == "rebuild" {
+		if pg == nil && (k%4 == 3 || variant == "rebuild") {
 			// Every fourth cut comes during `outbox compact`, which
 			// rewrites the index file beside the old one and renames it
 			// over it, or, with Telegram (rows of unknown fate may end
@@ -289,6 +326,9 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 		} else {
 			c.Cut() // the power goes: what was not synced is gone
 			d.kill()
+			if pg != nil {
+				pg.kill()
+			}
 			close(stop)
 			wg.Wait()
 		}
@@ -307,7 +347,7 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 
 	// The last start: no more cuts; let everything settle. The unmount
 	// runs after serve's own clean-up has killed it, should a check fail.
-	c := mount()
+	c := mount(cuts)
 	t.Cleanup(func() { unmount(c) })
 	d := start(cuts, lastRebuild)
 	consent.check(t, client, d.base, token, cuts)
@@ -317,7 +357,12 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 	if out, code := outbox(t, bin, "doctor", "--data", data); code != 0 {
 		t.Fatalf("doctor after the drill: %s", out)
 	}
-	q, err := filestore.Open(data, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+	var q queue.Store
+	if pg != nil {
+		q, err = pgstore.Open(context.Background(), pg.DSN(), &pgstore.Options{NoMigrate: true})
+	} else {
+		q, err = filestore.Open(data, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ type FS struct {
 	root    ident                      // the backing root
 	files   map[ident][]byte           // durable data
 	dirs    map[ident]map[string]ident // durable entries
-	modes   map[ident]fs.FileMode      // type and permissions, as last seen
+	modes   map[ident]attr             // type, permissions and owner, as last seen
 	syncs   int
 	dirSync int
 }
@@ -38,7 +38,7 @@ func Mount(backing, mnt string) (*FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &FS{backing: backing, mnt: mnt, files: map[ident][]byte{}, dirs: map[ident]map[string]ident{}, modes: map[ident]fs.FileMode{}}
+	c := &FS{backing: backing, mnt: mnt, files: map[ident][]byte{}, dirs: map[ident]map[string]ident{}, modes: map[ident]attr{}}
 	if c.root, _, err = identOf(backing); err != nil {
 		return nil, err
 	}
@@ -57,7 +57,8 @@ func Mount(backing, mnt string) (*FS, error) {
 	zero := time.Duration(0)
 	c.srv, err = gofs.Mount(mnt, root, &gofs.Options{
 		EntryTimeout: &zero, AttrTimeout: &zero, NegativeTimeout: &zero,
-		MountOptions: fuse.MountOptions{DirectMount: true, FsName: "crashfs", Name: "crashfs", MaxBackground: 64},
+		// AllowOther: a server run as another user (PostgreSQL's) uses it too.
+		MountOptions: fuse.MountOptions{DirectMount: true, AllowOther: true, FsName: "crashfs", Name: "crashfs", MaxBackground: 64},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("crashfs: mount %s: %w", mnt, err)
@@ -102,7 +103,10 @@ func (c *FS) Syncs() (files, dirs int) {
 func (c *FS) WriteDurable(dst string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := os.Mkdir(dst, c.modes[c.root].Perm()|0o700); err != nil {
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return err
+	}
+	if err := c.modes[c.root].apply(dst); err != nil {
 		return err
 	}
 	return c.writeDir(dst, c.root, 0)
@@ -114,21 +118,25 @@ func (c *FS) writeDir(dst string, ino ident, depth int) error {
 	}
 	for name, child := range c.dirs[ino] {
 		p := filepath.Join(dst, name)
-		mode := c.modes[child]
+		a := c.modes[child]
 		switch {
-		case mode.IsDir():
-			if err := os.Mkdir(p, mode.Perm()|0o700); err != nil {
+		case a.mode.IsDir():
+			if err := os.Mkdir(p, 0o700); err != nil {
 				return err
 			}
 			if err := c.writeDir(p, child, depth+1); err != nil {
 				return err
 			}
-		case mode.IsRegular():
-			if err := os.WriteFile(p, c.files[child], mode.Perm()|0o600); err != nil {
+		case a.mode.IsRegular():
+			if err := os.WriteFile(p, c.files[child], 0o600); err != nil {
 				return err
 			}
+		default:
+			continue // anything else (a socket, a symlink) is not kept
 		}
-		// Anything else (a socket, a symlink) is not kept.
+		if err := a.apply(p); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -151,7 +159,7 @@ func (c *FS) recordTree(dir string) error {
 
 // recordFile makes the backing file at p durable as it is.
 func (c *FS) recordFile(p string) error {
-	ino, mode, err := identOf(p)
+	ino, a, err := identOf(p)
 	if err != nil {
 		return err
 	}
@@ -160,14 +168,14 @@ func (c *FS) recordFile(p string) error {
 		return err
 	}
 	c.files[ino] = b
-	c.modes[ino] = mode
+	c.modes[ino] = a
 	return nil
 }
 
 // recordDir makes the entries of the backing directory at p durable as
 // they are (not the data of the files they name).
 func (c *FS) recordDir(p string) error {
-	ino, mode, err := identOf(p)
+	ino, a, err := identOf(p)
 	if err != nil {
 		return err
 	}
@@ -177,7 +185,7 @@ func (c *FS) recordDir(p string) error {
 	}
 	entries := make(map[string]ident, len(des))
 	for _, de := range des {
-		child, cmode, err := identOf(filepath.Join(p, de.Name()))
+		child, ca, err := identOf(filepath.Join(p, de.Name()))
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
@@ -185,10 +193,10 @@ func (c *FS) recordDir(p string) error {
 			return err
 		}
 		entries[de.Name()] = child
-		c.modes[child] = cmode
+		c.modes[child] = ca
 	}
 	c.dirs[ino] = entries
-	c.modes[ino] = mode
+	c.modes[ino] = a
 	return nil
 }
 
@@ -199,19 +207,35 @@ type ident struct {
 	btime int64
 }
 
-func identOf(p string) (ident, fs.FileMode, error) {
+// attr is what a file's inode says of it besides its data.
+type attr struct {
+	mode     fs.FileMode
+	uid, gid int
+}
+
+func (a attr) apply(p string) error {
+	if err := os.Chmod(p, a.mode.Perm()); err != nil {
+		return err
+	}
+	if os.Geteuid() == 0 {
+		return os.Lchown(p, a.uid, a.gid)
+	}
+	return nil
+}
+
+func identOf(p string) (ident, attr, error) {
 	var st unix.Statx_t
 	if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_INO|unix.STATX_BTIME|unix.STATX_TYPE|unix.STATX_MODE, &st); err != nil {
-		return ident{}, 0, &fs.PathError{Op: "statx", Path: p, Err: err}
+		return ident{}, attr{}, &fs.PathError{Op: "statx", Path: p, Err: err}
 	}
 	if st.Mask&unix.STATX_BTIME == 0 {
-		return ident{}, 0, fmt.Errorf("crashfs: %s: the backing file system keeps no birth times", p)
+		return ident{}, attr{}, fmt.Errorf("crashfs: %s: the backing file system keeps no birth times", p)
 	}
 	fi, err := os.Lstat(p)
 	if err != nil {
-		return ident{}, 0, err
+		return ident{}, attr{}, err
 	}
-	return ident{st.Ino, st.Btime.Sec*1e9 + int64(st.Btime.Nsec)}, fi.Mode(), nil
+	return ident{st.Ino, st.Btime.Sec*1e9 + int64(st.Btime.Nsec)}, attr{fi.Mode(), int(st.Uid), int(st.Gid)}, nil
 }
 
 // sync records an fsync of the node at rel (relative to the backing

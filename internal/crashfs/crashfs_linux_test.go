@@ -73,6 +73,12 @@ func TestWriteDurable_KeepsOnlyWhatWasSynced(t *testing.T) {
 		t.Fatal(err)
 	}
 	write(t, m("entry-only"), "never synced", false)
+	if err := os.Chmod(m("final"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(m("final"), 65534, 65534); err != nil { // as another user's server makes its files
+		t.Fatal(err)
+	}
 	syncDir(t, mnt) // now: sub, final, entry-only, synced-no-entry, before
 	write(t, m("final"), "+later", false)
 	write(t, m("after-dir-sync"), "x", true) // entry not synced
@@ -113,6 +119,11 @@ func TestWriteDurable_KeepsOnlyWhatWasSynced(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(out, "final")); err != nil {
+		t.Fatal(err)
+	} else if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != 0o640 || st.Uid != 65534 || st.Gid != 65534 {
+		t.Errorf("final: mode %v, owner %d:%d; want -rw-r----- 65534:65534", fi.Mode(), st.Uid, st.Gid)
 	}
 	if len(got) != len(want) {
 		t.Errorf("files after the cut: %v, want %v", got, want)
