@@ -318,6 +318,7 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 		// The files go inside the transaction: a catch-up (the tailer's)
 		// runs in a transaction of its own, before or after this one, and
 		// so never reads a log whose offset this transaction deleted.
+		var dirs []string
 		for _, rel := range uniq(logs) {
 			p := filepath.Join(q.dir, rel)
 			q.app.Exclusive(rel, func() {
@@ -325,6 +326,18 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 				_ = os.Remove(p + quarantineExt)
 				q.forgetLog(rel)
 			})
+			dirs = append(dirs, filepath.Dir(p))
+		}
+		// The removals are durable before the commit that forgets the
+		// logs: a machine crash that undid them would bring the files
+		// back, and the catch-up would index the user's envelopes again
+		// as new ones, to be delivered again.
+		if !q.opts.NoSync {
+			for _, d := range uniq(dirs) {
+				if err := syncDir(d); err != nil && !isNotExist(err) {
+					return fmt.Errorf("erase: sync the log directory: %w", err)
+				}
+			}
 		}
 		return nil
 	})

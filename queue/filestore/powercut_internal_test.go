@@ -144,3 +144,41 @@ func TestRebuild_SyncsTheLogsItIndexes(t *testing.T) {
 		}
 	}
 }
+
+// Erase makes the removal of the user's logs durable (a sync of their
+// directory) before the commit that forgets them: a machine crash that
+// undid the removal would bring the log back, and the catch-up would
+// index the erased user's envelopes again as new ones, pending, to be
+// delivered again. Found by the power-cut drill's erase check.
+func TestErase_RemovalsDurableBeforeCommit(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	defer q.Close()
+	ctx := context.Background()
+	if _, err := q.Enqueue(ctx, faultEnvelope("e1", "gone")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Get(ctx, "", "e1"); err != nil {
+		t.Fatal(err)
+	}
+	var rec syncLog
+	defer func(old func(string) error) { syncDir = old }(syncDir)
+	inner := syncDir
+	syncDir = func(d string) error {
+		r, _ := filepath.Rel(dir, d)
+		rec.add("syncdir " + r)
+		return inner(d)
+	}
+	hook := func() error { rec.add("commit"); return nil }
+	q.beforeCommit.Store(&hook)
+	defer q.beforeCommit.Store(nil)
+	if err := q.Erase(ctx, "", "gone"); err != nil {
+		t.Fatal(err)
+	}
+	logDir := filepath.Dir(applog.RelPath(envelope.DefaultTenant, "gone"))
+	got := rec.take()
+	i, j := slices.Index(got, "syncdir "+logDir), slices.Index(got, "commit")
+	if i < 0 || j < 0 || i > j {
+		t.Fatalf("erase: %q; want the sync of %s before the first commit", got, logDir)
+	}
+}
