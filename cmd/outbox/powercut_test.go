@@ -153,6 +153,70 @@ func (cl *consentLog) check(t *testing.T, client *http.Client, base, token strin
 	}
 }
 
+// eraseLog tracks the users the drill's eraser erased (outbox erase
+// answered), with the envelopes they had.
+type eraseLog struct {
+	mu  sync.Mutex
+	ids map[string][]string // user → envelope ids
+}
+
+// eraseLoop gives a new user two envelopes and erases the user, again and
+// again until stop is closed.
+// Each answered erase is signalled on done (when there is room).
+func eraseLoop(client *http.Client, bin, base, token, data string, round int, el *eraseLog, done chan<- struct{}, stop <-chan struct{}) {
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+		u := fmt.Sprintf("x%d-%d", round, i)
+		var ids []string
+		for j := 0; j < 2; j++ {
+			id := fmt.Sprintf("%s-%d", u, j)
+			req, _ := http.NewRequest("POST", base+"/v1/envelopes", bytes.NewReader(replyToJSON(id, u, strconv.Itoa(2_000_000+10*i+j))))
+			req.Header.Set("Authorization", "Bearer "+token)
+			resp, err := client.Do(req)
+			if err != nil {
+				return // serve is gone
+			}
+			resp.Body.Close()
+			ids = append(ids, id)
+		}
+		if exec.Command(bin, "erase", u, "--data", data).Run() == nil {
+			el.mu.Lock()
+			el.ids[u] = ids
+			el.mu.Unlock()
+			select {
+			case done <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// check asks serve at base for every erased user's envelopes: none may
+// be back.
+func (el *eraseLog) check(t *testing.T, client *http.Client, base, token string, cut int) {
+	t.Helper()
+	el.mu.Lock()
+	defer el.mu.Unlock()
+	for u, ids := range el.ids {
+		for _, id := range ids {
+			req, _ := http.NewRequest("GET", base+"/v1/envelopes/"+id, nil)
+			req.Header.Set("Authorization", "Bearer "+token)
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatalf("look up %s after power cut %d: %v", id, cut, err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusNotFound {
+				t.Errorf("envelope %s of erased user %s after power cut %d: %d, want 404 (an acknowledged erase undone)", id, u, cut, resp.StatusCode)
+			}
+		}
+	}
+}
+
 // powerCutDrill runs the drill in one variant: "sink" or "telegram" (the
 // provider; the cut comes under load, or during `outbox compact` every
 // fourth time), "rebuild" (Telegram; every cut comes during `outbox doctor
@@ -253,6 +317,7 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 	mk := func(id, u string, n int) []byte { return replyToJSON(id, u, strconv.Itoa(1_000_000+n)) }
 	client := &http.Client{Timeout: 2 * time.Second}
 	consent := &consentLog{acked: map[string]int{}, tried: map[string][]int{}}
+	erased := &eraseLog{ids: map[string][]string{}}
 	// The unsubscribe key, made at the first start, signs the links of
 	// every e-mail sent: a cut must not replace it.
 	var key []byte
@@ -275,6 +340,7 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 		d := start(k, lastRebuild)
 		lastRebuild = false
 		consent.check(t, client, d.base, token, k)
+		erased.check(t, client, d.base, token, k)
 		sameKey(k)
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
@@ -292,16 +358,36 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 				postLoop(client, d.base, token, acks, stop, pause, func() string { return user("u") }, mk)
 			}()
 		}
-		wg.Add(2)
+		wg.Add(3)
 		go func() {
 			defer wg.Done()
 			consentLoop(client, d.base, token, consent, stop)
+		}()
+		erasedNow := make(chan struct{}, 1)
+		go func() {
+			defer wg.Done()
+			eraseLoop(client, bin, d.base, token, data, k, erased, erasedNow, stop)
 		}()
 		go func() {
 			defer wg.Done()
 			appendLoop(bin, data, envDir, acks, stop, pause, func() (string, string) { return "c", user("c") }, mk)
 		}()
-		time.Sleep(time.Duration(150+rand.IntN(600)) * time.Millisecond)
+		wait := time.Duration(150+rand.IntN(600)) * time.Millisecond
+		if k%4 == 1 {
+			// Right after an erase was answered (the first one after some
+			// load; within 2 s).
+			time.Sleep(wait / 2)
+			select {
+			case <-erasedNow:
+			default:
+			}
+			select {
+			case <-erasedNow:
+			case <-time.After(2 * time.Second):
+			}
+		} else {
+			time.Sleep(wait)
+		}
 		if pg == nil && (k%4 == 3 || variant == "rebuild") {
 			// Every fourth cut comes during `outbox compact`, which
 			// rewrites the index file beside the old one and renames it
@@ -351,6 +437,7 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 	t.Cleanup(func() { unmount(c) })
 	d := start(cuts, lastRebuild)
 	consent.check(t, client, d.base, token, cuts)
+	erased.check(t, client, d.base, token, cuts)
 	sameKey(cuts)
 	counts := settle(t, bin, data)
 	d.stop(t)
@@ -385,8 +472,8 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 	for st := range counts {
 		rows += counts.Total(st)
 	}
-	report := fmt.Sprintf("power-cut drill (%s): cuts=%d acknowledged=%d rows=%d delivered=%d lost=%d unresolved=%d deliver_calls=%d keys_delivered_again=%d consent_changes=%d compacts=%d compacts_cut=%d rebuilds=%d rebuilds_cut=%d rebuilt_again=%d file_syncs=%d dir_syncs=%d",
-		variant, cuts, len(acked), rows, delivered, lost, unresolved, len(per), again, consent.n, compacts, compactsCut, rebuilds, rebuildsCut, rebuiltAgain, fileSyncs, dirSyncs)
+	report := fmt.Sprintf("power-cut drill (%s): cuts=%d acknowledged=%d rows=%d delivered=%d lost=%d unresolved=%d deliver_calls=%d keys_delivered_again=%d consent_changes=%d users_erased=%d compacts=%d compacts_cut=%d rebuilds=%d rebuilds_cut=%d rebuilt_again=%d file_syncs=%d dir_syncs=%d",
+		variant, cuts, len(acked), rows, delivered, lost, unresolved, len(per), again, consent.n, len(erased.ids), compacts, compactsCut, rebuilds, rebuildsCut, rebuiltAgain, fileSyncs, dirSyncs)
 	t.Log(report)
 	fmt.Println(report)
 	switch {
