@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
@@ -21,15 +22,23 @@ type FS struct {
 	backing, mnt string
 	srv          *fuse.Server
 
-	mu      sync.Mutex
-	cut     bool
-	root    ident                      // the backing root
-	files   map[ident][]byte           // durable data
-	dirs    map[ident]map[string]ident // durable entries
-	modes   map[ident]attr             // type, permissions and owner, as last seen
+	mu    sync.Mutex
+	cut   bool
+	root  ident                      // the backing root
+	files map[ident][]byte           // durable data
+	dirs  map[ident]map[string]ident // durable entries
+	modes map[ident]attr             // type, permissions and owner, as last seen
+	// Written since the file's last sync, for WriteTorn: its pages, whether
+	// its size changed, and where it was last seen.
+	dirty   map[ident]map[int64]bool
+	resized map[ident]bool
+	paths   map[ident]string
 	syncs   int
 	dirSync int
 }
+
+// pageSize is the unit in which unsynced data reaches a disk, or not.
+const pageSize = 4096
 
 // Mount serves backing at mnt (an existing, empty directory). Everything
 // already in backing is durable.
@@ -38,7 +47,8 @@ func Mount(backing, mnt string) (*FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &FS{backing: backing, mnt: mnt, files: map[ident][]byte{}, dirs: map[ident]map[string]ident{}, modes: map[ident]attr{}}
+	c := &FS{backing: backing, mnt: mnt, files: map[ident][]byte{}, dirs: map[ident]map[string]ident{}, modes: map[ident]attr{},
+		dirty: map[ident]map[int64]bool{}, resized: map[ident]bool{}, paths: map[ident]string{}}
 	if c.root, _, err = identOf(backing); err != nil {
 		return nil, err
 	}
@@ -100,7 +110,15 @@ func (c *FS) Syncs() (files, dirs int) {
 
 // WriteDurable writes what the disk holds (as of Cut, or of now) into dst,
 // a directory that must not exist yet.
-func (c *FS) WriteDurable(dst string) error {
+func (c *FS) WriteDurable(dst string) error { return c.writeOut(dst, nil) }
+
+// WriteTorn is WriteDurable on a disk that also got some of what was never
+// synced: each page written since its file's last sync is there, as it is
+// now, or not (one chance in two), and a changed size likewise. Entries of
+// directories are still as of their last sync.
+func (c *FS) WriteTorn(dst string, rng *rand.Rand) error { return c.writeOut(dst, rng) }
+
+func (c *FS) writeOut(dst string, rng *rand.Rand) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := os.Mkdir(dst, 0o700); err != nil {
@@ -109,10 +127,79 @@ func (c *FS) WriteDurable(dst string) error {
 	if err := c.modes[c.root].apply(dst); err != nil {
 		return err
 	}
-	return c.writeDir(dst, c.root, 0)
+	return c.writeDir(dst, c.root, 0, rng)
 }
 
-func (c *FS) writeDir(dst string, ino ident, depth int) error {
+// content is what the disk holds of file ino: its durable data, with (rng
+// not nil) a random part of what was written since.
+func (c *FS) content(ino ident, rng *rand.Rand) []byte {
+	b := c.files[ino]
+	if rng == nil || (len(c.dirty[ino]) == 0 && !c.resized[ino]) {
+		return b
+	}
+	now, err := os.ReadFile(c.paths[ino])
+	if id, _, ierr := identOf(c.paths[ino]); err != nil || ierr != nil || id != ino {
+		return b // gone, or another file under its name: only what was synced
+	}
+	out := append([]byte(nil), b...)
+	if c.resized[ino] && rng.IntN(2) == 0 {
+		out = resize(out, len(now))
+	}
+	for pg := range c.dirty[ino] {
+		if rng.IntN(2) != 0 {
+			continue
+		}
+		lo, hi := pg*pageSize, min((pg+1)*pageSize, int64(len(now)))
+		if lo >= hi {
+			continue
+		}
+		if int64(len(out)) < hi {
+			out = resize(out, int(hi))
+		}
+		copy(out[lo:hi], now[lo:hi])
+	}
+	return out
+}
+
+func resize(b []byte, n int) []byte {
+	if n <= len(b) {
+		return b[:n]
+	}
+	return append(b, make([]byte, n-len(b))...)
+}
+
+// written records a write of n bytes at off into the file ino at path.
+func (c *FS) written(ino ident, path string, off, n int64) {
+	if n <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cut {
+		return
+	}
+	pages := c.dirty[ino]
+	if pages == nil {
+		pages = map[int64]bool{}
+		c.dirty[ino] = pages
+	}
+	for pg := off / pageSize; pg <= (off+n-1)/pageSize; pg++ {
+		pages[pg] = true
+	}
+	c.paths[ino] = path
+}
+
+// sized records a change of the size of the file ino at path.
+func (c *FS) sized(ino ident, path string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.cut {
+		c.resized[ino] = true
+		c.paths[ino] = path
+	}
+}
+
+func (c *FS) writeDir(dst string, ino ident, depth int, rng *rand.Rand) error {
 	if depth > 64 {
 		return errors.New("crashfs: directories nested too deep (a cycle?)")
 	}
@@ -124,11 +211,11 @@ func (c *FS) writeDir(dst string, ino ident, depth int) error {
 			if err := os.Mkdir(p, 0o700); err != nil {
 				return err
 			}
-			if err := c.writeDir(p, child, depth+1); err != nil {
+			if err := c.writeDir(p, child, depth+1, rng); err != nil {
 				return err
 			}
 		case a.mode.IsRegular():
-			if err := os.WriteFile(p, c.files[child], 0o600); err != nil {
+			if err := os.WriteFile(p, c.content(child, rng), 0o600); err != nil {
 				return err
 			}
 		default:
@@ -169,6 +256,8 @@ func (c *FS) recordFile(p string) error {
 	}
 	c.files[ino] = b
 	c.modes[ino] = a
+	delete(c.dirty, ino)
+	delete(c.resized, ino)
 	return nil
 }
 
@@ -313,4 +402,88 @@ type dirHandle struct {
 
 func (d *dirHandle) Fsyncdir(_ context.Context, _ uint32) syscall.Errno {
 	return d.n.c.sync(d.n.rel(), true)
+}
+
+// Open and Create hand out files whose writes are recorded.
+func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	fh, fl, errno := n.LoopbackNode.Open(ctx, flags)
+	return n.wrap(fh), fl, errno
+}
+
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	in, fh, fl, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
+	if errno != 0 {
+		return in, fh, fl, errno
+	}
+	return in, n.c.wrapAt(fh, filepath.Join(n.c.backing, n.rel(), name)), fl, 0
+}
+
+func (n *node) wrap(fh gofs.FileHandle) gofs.FileHandle {
+	return n.c.wrapAt(fh, filepath.Join(n.c.backing, n.rel()))
+}
+
+func (c *FS) wrapAt(fh gofs.FileHandle, path string) gofs.FileHandle {
+	lf, ok := fh.(*gofs.LoopbackFile)
+	if !ok {
+		return fh
+	}
+	id, _, err := identOf(path)
+	if err != nil {
+		return fh
+	}
+	return &file{LoopbackFile: lf, c: c, id: id, path: path}
+}
+
+// Setattr records a change of size made by path (truncate(2)).
+func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if f, ok := fh.(*file); ok {
+		fh = f.LoopbackFile
+	}
+	errno := n.LoopbackNode.Setattr(ctx, fh, in, out)
+	if _, ok := in.GetSize(); ok && errno == 0 {
+		p := filepath.Join(n.c.backing, n.rel())
+		if id, _, err := identOf(p); err == nil {
+			n.c.sized(id, p)
+		}
+	}
+	return errno
+}
+
+// file is an open file whose writes are recorded (for WriteTorn).
+type file struct {
+	*gofs.LoopbackFile
+	c    *FS
+	id   ident
+	path string
+}
+
+// PassthroughFd: never, so that every write comes through Write.
+func (f *file) PassthroughFd() (int, bool) { return 0, false }
+
+func (f *file) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	n, errno := f.LoopbackFile.Write(ctx, data, off)
+	f.c.written(f.id, f.path, off, int64(n))
+	return n, errno
+}
+
+func (f *file) Writev(ctx context.Context, data [][]byte, off int64) (uint32, syscall.Errno) {
+	n, errno := f.LoopbackFile.Writev(ctx, data, off)
+	f.c.written(f.id, f.path, off, int64(n))
+	return n, errno
+}
+
+func (f *file) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	errno := f.LoopbackFile.Setattr(ctx, in, out)
+	if _, ok := in.GetSize(); ok && errno == 0 {
+		f.c.sized(f.id, f.path)
+	}
+	return errno
+}
+
+func (f *file) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	errno := f.LoopbackFile.Allocate(ctx, off, size, mode)
+	if errno == 0 {
+		f.c.sized(f.id, f.path)
+	}
+	return errno
 }

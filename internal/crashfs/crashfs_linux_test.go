@@ -2,8 +2,12 @@ package crashfs
 
 import (
 	"errors"
+	"maps"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -132,5 +136,56 @@ func TestWriteDurable_KeepsOnlyWhatWasSynced(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("%s = %q, want %q", k, got[k], v)
 		}
+	}
+}
+
+// WriteTorn keeps what was synced and, of each page written since, either
+// its old or its new content.
+func TestWriteTorn_EachUnsyncedPageOldOrNew(t *testing.T) {
+	c, mnt := mountForTest(t)
+	p := filepath.Join(mnt, "f")
+	page := func(b byte) string { return strings.Repeat(string(b), pageSize) }
+	write(t, p, page('a')+page('a')+page('a'), true)
+	syncDir(t, mnt)
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(page('b')), pageSize); err != nil { // page 1 rewritten
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(page('c')), 3*pageSize); err != nil { // page 3 appended
+		t.Fatal(err)
+	}
+	f.Close()
+	c.Cut()
+	seen := map[string]bool{}
+	for seed := uint64(0); seed < 32; seed++ {
+		out := filepath.Join(t.TempDir(), "disk")
+		if err := c.WriteTorn(out, rand.New(rand.NewPCG(seed, 1))); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(out, "f"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) != 3*pageSize && len(b) != 4*pageSize {
+			t.Fatalf("seed %d: %d bytes, want 3 or 4 pages", seed, len(b))
+		}
+		var shape []byte
+		for i := 0; i < len(b); i += pageSize {
+			pg := b[i : i+pageSize]
+			if strings.Count(string(pg), string(pg[0])) != pageSize {
+				t.Fatalf("seed %d: page %d mixes bytes", seed, i/pageSize)
+			}
+			shape = append(shape, pg[0])
+		}
+		if shape[0] != 'a' || shape[2] != 'a' || (shape[1] != 'a' && shape[1] != 'b') || (len(shape) == 4 && shape[3] != 'c' && shape[3] != 0) {
+			t.Fatalf("seed %d: pages %q", seed, shape)
+		}
+		seen[string(shape)] = true
+	}
+	if len(seen) < 3 {
+		t.Errorf("32 torn disks took %d shapes (%q), want the pages to vary", len(seen), slices.Collect(maps.Keys(seen)))
 	}
 }
