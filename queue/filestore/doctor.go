@@ -293,6 +293,9 @@ const ReadOnlyProblem = "data directory: the file system is read-only (a disk er
 const (
 	hintRecordsLost = "hint: records that were in it and are not any more are lost; their rows are dead-lettered (record_lost) when claimed"
 	hintReindex     = "the store indexes the log again from its start at its next start, append or rescan (outbox serve does so by itself), without a rebuild"
+	// An erase removes the logs durably before its commit: one that a
+	// crash cut short leaves them gone and the index naming them.
+	hintEraseCut = "if an outbox erase of its user was cut short (a crash, no answer), run it again: it finishes"
 )
 
 // checkLog checks log rel against its index entry v (offset, inode) and
@@ -303,7 +306,7 @@ func checkLog(dir, rel string, v []byte, unindexed *int64) string {
 	size, ino, err := applog.PathSize(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Sprintf("log %s: deleted (%v); %s", rel, err, hintRecordsLost)
+			return fmt.Sprintf("log %s: deleted (%v); %s; %s", rel, err, hintRecordsLost, hintEraseCut)
 		}
 		if errors.Is(err, ErrSymlink) {
 			return "" // listed with every other link (linkProblems)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -180,5 +181,41 @@ func TestErase_RemovalsDurableBeforeCommit(t *testing.T) {
 	i, j := slices.Index(got, "syncdir "+logDir), slices.Index(got, "commit")
 	if i < 0 || j < 0 || i > j {
 		t.Fatalf("erase: %q; want the sync of %s before the first commit", got, logDir)
+	}
+}
+
+// An erase cut short between the removal of the logs (made durable first)
+// and its commit leaves the index naming logs that are gone: doctor says
+// that running the erase again finishes it, and it does.
+func TestErase_CutShortIsFinishedByAnotherErase(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	defer q.Close()
+	ctx := context.Background()
+	if _, err := q.Enqueue(ctx, faultEnvelope("e1", "gone")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Get(ctx, "", "e1"); err != nil {
+		t.Fatal(err)
+	}
+	// What the cut left: the log removed, the index as it was.
+	if err := os.Remove(filepath.Join(dir, applog.RelPath(envelope.DefaultTenant, "gone"))); err != nil {
+		t.Fatal(err)
+	}
+	r, err := q.Check()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(r.Problems, func(p string) bool { return strings.Contains(p, "outbox erase of its user was cut short") }) {
+		t.Fatalf("doctor after an erase cut short: %q; want the hint to run the erase again", r.Problems)
+	}
+	if err := q.Erase(ctx, "", "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if r, err = q.Check(); err != nil || !r.OK() {
+		t.Fatalf("doctor after the erase run again: %q, %v", r.Problems, err)
+	}
+	if _, err := q.Get(ctx, "", "e1"); err == nil {
+		t.Fatal("the erased envelope is still there")
 	}
 }
