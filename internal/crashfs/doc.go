@@ -9,5 +9,10 @@
 // survives but whose data was never synced comes back empty. What existed
 // when the file system was mounted is durable.
 //
+// The process that mounts it serves it: it must not map a file of the
+// mount into memory (bbolt does), since a page fault there waits for a
+// server that may be waiting for the garbage collector, which waits for
+// the faulting thread.
+//
 // Linux only (it needs /dev/fuse, and root to mount without fusermount).
 package crashfs
