@@ -250,7 +250,14 @@ func (c *FS) recordFile(p string) error {
 	if err != nil {
 		return err
 	}
-	b, err := os.ReadFile(p)
+	var b []byte
+	if old, ok := c.files[ino]; ok {
+		// Only the pages written since the last sync are read again (a
+		// database's WAL segment is 16 MB, synced at every commit).
+		b, err = readPages(p, old, c.dirty[ino])
+	} else {
+		b, err = os.ReadFile(p)
+	}
 	if err != nil {
 		return err
 	}
@@ -259,6 +266,33 @@ func (c *FS) recordFile(p string) error {
 	delete(c.dirty, ino)
 	delete(c.resized, ino)
 	return nil
+}
+
+// readPages returns old (which it may change) brought to the file at p:
+// its size, and the content of the pages listed.
+func readPages(p string, old []byte, pages map[int64]bool) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	size := fi.Size()
+	b := resize(old, int(size))
+	for pg := range pages {
+		lo := pg * pageSize
+		if lo >= size {
+			continue
+		}
+		hi := min(lo+pageSize, size)
+		if _, err := f.ReadAt(b[lo:hi], lo); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
 }
 
 // recordDir makes the entries of the backing directory at p durable as

@@ -189,3 +189,63 @@ func TestWriteTorn_EachUnsyncedPageOldOrNew(t *testing.T) {
 		t.Errorf("32 torn disks took %d shapes (%q), want the pages to vary", len(seen), slices.Collect(maps.Keys(seen)))
 	}
 }
+
+// A sync after rewrites, an append and a truncation keeps exactly what the
+// file holds then (only its written pages are read again).
+func TestWriteDurable_SyncAfterRewritesKeepsTheFile(t *testing.T) {
+	c, mnt := mountForTest(t)
+	p := filepath.Join(mnt, "g")
+	page := func(b byte) string { return strings.Repeat(string(b), pageSize) }
+	write(t, p, page('a')+page('a')+page('a'), true)
+	syncDir(t, mnt)
+	check := func(what string) {
+		t.Helper()
+		want, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(t.TempDir(), "disk")
+		if err := c.WriteDurable(out); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(out, "g"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Fatalf("%s: the durable file (%d bytes) is not the file synced (%d bytes)", what, len(got), len(want))
+		}
+	}
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte("bb"), pageSize+100); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(page('c')+"tail"), 3*pageSize); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	check("rewritten and appended")
+	if err := f.Truncate(pageSize + 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	check("truncated")
+	if err := f.Truncate(5 * pageSize); err != nil { // grown: zeros
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("z"), 4*pageSize+7); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	check("grown")
+}
