@@ -273,6 +273,9 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 		pg.data = filepath.Join(mnt, "pg") // where it runs
 		t.Setenv(EnvDatabaseURL, pg.DSN()) // serve, stats, enqueue and doctor inherit it
 	}
+	// The file system mounted now, unmounted at the end whatever fails:
+	// this clean-up, registered before any serve's, runs after them.
+	var mounted *crashfs.FS
 	mount := func(cut int) *crashfs.FS {
 		c, err := crashfs.Mount(disk, mnt)
 		if err != nil {
@@ -282,12 +285,14 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 			_ = c.Unmount()
 			t.Fatalf("bind the sink's directory: %v", err)
 		}
+		mounted = c
 		if pg != nil {
 			pg.start(t, cut)
 		}
 		return c
 	}
 	unmount := func(c *crashfs.FS) {
+		mounted = nil
 		if pg != nil {
 			pg.kill()
 		}
@@ -298,6 +303,11 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 			t.Error(err)
 		}
 	}
+	t.Cleanup(func() {
+		if mounted != nil {
+			unmount(mounted)
+		}
+	})
 
 	const token = "drill-token-0123456789"
 	env := []string{"INTERNAL_OUTBOX_TOKEN=" + token}
@@ -455,15 +465,8 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 		disk = next
 	}
 
-	// The last start: no more cuts; let everything settle. The unmount
-	// runs after serve's own clean-up has killed it, should a check fail.
+	// The last start: no more cuts; let everything settle.
 	c := mount(cuts)
-	mounted := true
-	t.Cleanup(func() {
-		if mounted {
-			unmount(c)
-		}
-	})
 	d := start(cuts, lastRebuild)
 	consent.check(t, client, d.base, token, cuts)
 	erased.check(t, client, bin, d.base, token, data, cuts)
@@ -481,7 +484,6 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 		// From the backing directory, unmounted: bbolt maps the index, and
 		// a page fault served by this very process can deadlock with its
 		// garbage collector.
-		mounted = false
 		unmount(c)
 		q, err = filestore.Open(disk, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
 	}
