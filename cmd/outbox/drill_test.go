@@ -117,16 +117,7 @@ func killDrill(t *testing.T, store string, kills int) {
 	// every call follows a claim written to the index, so any repeat means
 	// a lease was lost or ignored.
 	per := sinkJournal(t, data, "telegram")
-	dups := 0
-	for _, n := range per {
-		if n > 1 {
-			dups++
-		}
-	}
-	rows := 0
-	for st := range counts {
-		rows += counts.Total(st)
-	}
+	dups, rows := repeated(per), rowsIn(counts)
 	report := fmt.Sprintf("kill drill (%s): kills=%d acknowledged=%d rows=%d delivered=%d lost=%d duplicates=%d unresolved=%d deliver_calls=%d",
 		store, kills, len(acked), rows, delivered, lost, dups, unresolved, len(per))
 	t.Log(report)

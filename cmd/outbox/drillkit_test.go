@@ -234,3 +234,23 @@ func checkAcked(t *testing.T, q queue.Store, acked map[string]ackInfo) (lost, un
 	}
 	return lost, unresolved, delivered
 }
+
+// repeated counts the keys called more than once in per (calls by key).
+func repeated(per map[string]int) int {
+	n := 0
+	for _, c := range per {
+		if c > 1 {
+			n++
+		}
+	}
+	return n
+}
+
+// rowsIn counts every row of c.
+func rowsIn(c queue.Counts) int {
+	n := 0
+	for st := range c {
+		n += c.Total(st)
+	}
+	return n
+}

@@ -498,16 +498,7 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 		per = maps.Clone(tg.calls)
 		tg.mu.Unlock()
 	}
-	again := 0
-	for _, n := range per {
-		if n > 1 {
-			again++
-		}
-	}
-	rows := 0
-	for st := range counts {
-		rows += counts.Total(st)
-	}
+	again, rows := repeated(per), rowsIn(counts)
 	report := fmt.Sprintf("power-cut drill (%s): cuts=%d acknowledged=%d rows=%d delivered=%d lost=%d unresolved=%d deliver_calls=%d keys_delivered_again=%d consent_changes=%d users_erased=%d compacts=%d compacts_cut=%d rebuilds=%d rebuilds_cut=%d rebuilt_again=%d file_syncs=%d dir_syncs=%d",
 		variant, cuts, len(acked), rows, delivered, lost, unresolved, len(per), again, consent.n, len(erased.ids), compacts, compactsCut, rebuilds, rebuildsCut, rebuiltAgain, fileSyncs, dirSyncs)
 	t.Log(report)

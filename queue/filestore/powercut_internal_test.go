@@ -156,12 +156,7 @@ func TestErase_RemovalsDurableBeforeCommit(t *testing.T) {
 	q := openFault(t, dir)
 	defer q.Close()
 	ctx := context.Background()
-	if _, err := q.Enqueue(ctx, faultEnvelope("e1", "gone")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := q.Get(ctx, "", "e1"); err != nil {
-		t.Fatal(err)
-	}
+	enqueueIndexed(t, q, "e1", "gone")
 	var rec syncLog
 	defer func(old func(string) error) { syncDir = old }(syncDir)
 	inner := syncDir
@@ -192,12 +187,7 @@ func TestErase_CutShortIsFinishedByAnotherErase(t *testing.T) {
 	q := openFault(t, dir)
 	defer q.Close()
 	ctx := context.Background()
-	if _, err := q.Enqueue(ctx, faultEnvelope("e1", "gone")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := q.Get(ctx, "", "e1"); err != nil {
-		t.Fatal(err)
-	}
+	enqueueIndexed(t, q, "e1", "gone")
 	// What the cut left: the log removed, the index as it was.
 	if err := os.Remove(filepath.Join(dir, applog.RelPath(envelope.DefaultTenant, "gone"))); err != nil {
 		t.Fatal(err)
@@ -217,5 +207,17 @@ func TestErase_CutShortIsFinishedByAnotherErase(t *testing.T) {
 	}
 	if _, err := q.Get(ctx, "", "e1"); err == nil {
 		t.Fatal("the erased envelope is still there")
+	}
+}
+
+// enqueueIndexed enqueues one envelope and waits for its index update.
+func enqueueIndexed(t *testing.T, q *Queue, id, user string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := q.Enqueue(ctx, faultEnvelope(id, user)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Get(ctx, "", id); err != nil {
+		t.Fatal(err)
 	}
 }
