@@ -120,6 +120,9 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		} else {
 			fmt.Fprintf(e.Stdout, "file system: %s free\n", humanBytes(rep.FreeBytes))
 		}
+		if rep.WentBack != "" {
+			fmt.Fprintln(e.Stdout, "note:", rep.WentBack)
+		}
 		for _, p := range rep.Problems {
 			fmt.Fprintln(e.Stdout, "problem:", p)
 		}

@@ -79,6 +79,9 @@ func Known(dir string, keys []envelope.Key) (out map[envelope.Key]bool, err erro
 		return nil, err
 	}
 	defer lk.release()
+	if _, _, err := rollBack(dir); err != nil { // after a restart of the machine, as Open
+		return nil, err
+	}
 	// A few lookups in a read-only file: a damaged page fails them (a
 	// panic, or a fault on a wild page id) without a walk of the file.
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))

@@ -38,8 +38,8 @@ func TestClaim_UnsyncedOnlyForTheListedChannels(t *testing.T) {
 	if _, err := q.Get(ctx, "", "d"); err != nil { // every index update committed
 		t.Fatal(err)
 	}
-	var noSync []bool // the writer's fsync setting of each transaction
-	hook := func() error { noSync = append(noSync, q.db.Load().NoSync); return nil }
+	var noSync []bool // for each transaction, whether the writer skips its sync
+	hook := func() error { noSync = append(noSync, !q.txSynced); return nil }
 	q.beforeCommit.Store(&hook)
 	defer q.beforeCommit.Store(nil)
 	for _, tc := range []struct {

@@ -31,9 +31,12 @@ type Report struct {
 	JournalUnapplied int64 `json:"journal_unapplied_bytes"`
 	// What the data directory's file system has left (df, df -i); no
 	// FreeInodes on one that does not count them (btrfs).
-	FreeBytes  uint64   `json:"free_bytes"`
-	FreeInodes *uint64  `json:"free_inodes,omitempty"`
-	Problems   []string `json:"problems,omitempty"`
+	FreeBytes  uint64  `json:"free_bytes"`
+	FreeInodes *uint64 `json:"free_inodes,omitempty"`
+	// WentBack says that the index went back to its checkpoint (after a
+	// restart of the machine: checkpoint.go), as Open would have.
+	WentBack string   `json:"went_back,omitempty"`
+	Problems []string `json:"problems,omitempty"`
 }
 
 // OK reports whether the check found no problem.
@@ -64,8 +67,16 @@ func Check(dir string) (*Report, error) {
 	if fi.Size() == 0 {
 		return &Report{Problems: []string{"index is empty (0 bytes)"}}, nil
 	}
+	from, to, err := rollBack(dir)
+	if err != nil {
+		return &Report{Problems: []string{"index: " + err.Error()}}, nil
+	}
+	var wentBack string
+	if from != 0 {
+		wentBack = fmt.Sprintf("the machine restarted since the index's last checkpoint: the index went back from transaction %d to %d (what came after was not synced; serve redoes or reconciles it)", from, to)
+	}
 	if err := verifyIndexFile(path); err != nil {
-		return &Report{Problems: []string{"index cannot be opened: " + err.Error()}}, nil
+		return &Report{WentBack: wentBack, Problems: []string{"index cannot be opened: " + err.Error()}}, nil
 	}
 	db, err := openReadOnly(path)
 	if err != nil {
@@ -79,10 +90,14 @@ func Check(dir string) (*Report, error) {
 	if m, err := indexMark(db); err == nil {
 		var se *StaleIndexError
 		if err := checkMark(dir, m, false); errors.As(err, &se) {
-			return &Report{Problems: []string{"index is " + se.Reason}}, nil
+			return &Report{WentBack: wentBack, Problems: []string{"index is " + se.Reason}}, nil
 		}
 	}
-	return checkDB(db, dir)
+	rep, err := checkDB(db, dir)
+	if rep != nil {
+		rep.WentBack = wentBack
+	}
+	return rep, err
 }
 
 // Check runs Check on the open store.
@@ -405,6 +420,10 @@ func Rebuild(dir string, opts *Options) (int, error) {
 		_ = os.Remove(tmp)
 		return 0, fmt.Errorf("rebuild: %w", err)
 	}
+	if _, err := dropCheckpoint(dir); err != nil {
+		_ = os.Remove(tmp)
+		return 0, fmt.Errorf("rebuild: %w", err)
+	}
 	if _, err := os.Lstat(path); err == nil {
 		if err := keepAside(path, o.Now()); err != nil {
 			_ = os.Remove(tmp)
@@ -579,6 +598,9 @@ func Compact(ctx context.Context, dir string, opts *Options) (pruned int, before
 // compactLocked compacts the index of dir, whose lock the caller holds.
 func compactLocked(dir string) (before, after int64, err error) {
 	path := filepath.Join(dir, IndexFile)
+	if _, _, err := rollBack(dir); err != nil {
+		return 0, 0, err
+	}
 	if err := verifyIndexFile(path); err != nil {
 		return 0, 0, err
 	}
@@ -609,6 +631,9 @@ func compactLocked(dir string) (before, after int64, err error) {
 		if err := writeMark(dir, swapMark(cur, next)); err != nil {
 			return 0, 0, err
 		}
+	}
+	if _, err := dropCheckpoint(dir); err != nil {
+		return 0, 0, err
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return 0, 0, err

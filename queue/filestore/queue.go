@@ -63,6 +63,16 @@ type Queue struct {
 	markF     *os.File
 	lastTx    uint64
 	durableTx uint64 // the txid in the mark
+	// The index checkpoint (checkpoint.go), writer only: its file, the
+	// sequence number of its last slot written, the read transaction that
+	// pins it, and whether pinning stopped (past pinLimit).
+	ckptF   *os.File
+	ckptSeq uint64
+	pin     *bolt.Tx
+	pinOff  bool
+	// txSynced: the running transaction is synced and checkpointed
+	// before its ops finish (writer only; tests read it).
+	txSynced bool
 
 	// beforeCommit, set only by tests, runs inside every write transaction
 	// after its ops: an error fails the transaction (a full disk, an I/O
@@ -195,6 +205,14 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	fresh := true
 	if fi, err := os.Stat(path); err == nil && fi.Size() > 0 {
 		fresh = false
+		from, to, err := rollBack(dir)
+		if err != nil {
+			return nil, err
+		}
+		if from != 0 {
+			o.Logger.Warn("the machine restarted since the index's last checkpoint: the index goes back to it (what came after was not synced: the logs are indexed again, unsynced claims and commits are redone or reconciled)",
+				"operation", "open", "status", "rolled_back", "from_tx", from, "to_tx", to)
+		}
 		if err := verifyIndexFile(path); err != nil {
 			return nil, err
 		}
@@ -217,6 +235,9 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("open store index %s: %w (run \"outbox doctor\" to check it, \"outbox doctor --rebuild\" to rebuild it from the logs)", path, err)
+	}
+	if fi, err := os.Stat(path); err == nil {
+		fitAlloc(db, fi.Size())
 	}
 	q := &Queue{
 		dir:      dir,
@@ -257,6 +278,11 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		db.Close()
 		return nil, err
 	}
+	if err := q.openCheckpoint(); err != nil {
+		q.markF.Close()
+		db.Close()
+		return nil, err
+	}
 	q.wg.Add(1)
 	go q.writeLoop()
 	// Catch up on every log before reporting ready.
@@ -282,11 +308,12 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 // boltOptions are the options the store opens its index file with.
 func (o Options) boltOptions() *bolt.Options {
 	return &bolt.Options{
-		Timeout:        o.LockTimeout,
-		NoFreelistSync: true,
-		FreelistType:   bolt.FreelistMapType,
-		NoSync:         o.NoSync,
-		OpenFile:       openNoFollow,
+		Timeout:         o.LockTimeout,
+		NoFreelistSync:  true,
+		FreelistType:    bolt.FreelistMapType,
+		NoSync:          o.NoSync,
+		OpenFile:        openNoFollow,
+		InitialMmapSize: pinMapSize, // see pinLimit
 	}
 }
 
@@ -403,6 +430,9 @@ func (q *Queue) Close() error {
 		if q.markF != nil {
 			_ = q.markF.Close()
 		}
+		if q.ckptF != nil {
+			_ = q.ckptF.Close()
+		}
 		removePID(q.dir)
 		if q.damageErr() == nil {
 			err = q.db.Load().Close()
@@ -429,28 +459,28 @@ func (q *Queue) isClosed() bool {
 // grouped into the next one, so concurrent writers share fsyncs.
 func (q *Queue) writeLoop() {
 	defer q.wg.Done()
-	// Transactions that skipped fsync (skipSync) are flushed by the next
-	// synced one, or by this timer within SyncDelay, whichever comes
-	// first: that bounds how much a machine crash can take from the index
-	// (the logs themselves are always fsynced).
+	// Transactions that skipped fsync (skipSync) are synced and
+	// checkpointed (checkpoint.go) with the next synced one, or by this
+	// timer within syncDelay, whichever comes first: that bounds how much
+	// a machine crash can take from the index (the logs themselves are
+	// always fsynced).
 	syncTimer := time.NewTimer(time.Hour)
 	syncTimer.Stop()
 	unsynced := false
 	defer func() {
-		if unsynced && !q.opts.NoSync && q.damageErr() == nil {
-			if q.db.Load().Sync() == nil {
-				q.markDurable()
+		if q.damageErr() == nil {
+			if unsynced {
+				q.logSyncError(q.syncIndex())
 			}
+			q.releasePin()
 		}
 	}()
 	for {
 		var first *op
 		select {
 		case <-syncTimer.C:
-			if unsynced && !q.opts.NoSync {
-				if q.db.Load().Sync() == nil {
-					q.markDurable()
-				}
+			if unsynced {
+				q.logSyncError(q.syncIndex())
 			}
 			unsynced = false
 			continue
@@ -487,7 +517,10 @@ func (q *Queue) writeLoop() {
 			continue
 		}
 		db := q.db.Load()
-		db.NoSync = q.opts.NoSync || skipSync
+		// bbolt syncs a commit itself only once the index is too large
+		// to pin a checkpoint; otherwise syncIndex does, after it.
+		db.NoSync = q.opts.NoSync || !q.pinOff
+		q.txSynced = !skipSync && !q.opts.NoSync
 		q.txDelta = map[countKey]int{}
 		var txid uint64
 		err := q.guard(func() error {
@@ -525,25 +558,32 @@ func (q *Queue) writeLoop() {
 			q.applyDelta(q.txDelta)
 		}
 		q.txDelta = nil
+		committed := err == nil
+		if err != nil {
+			err = fmt.Errorf("commit index: %w", err)
+		} else if !skipSync {
+			// Acknowledged once a checkpoint covers it. A failed sync
+			// fails the ops, whose changes are committed: like any write
+			// whose fate is unknown, they are reconciled.
+			err = q.syncIndex()
+			q.logSyncError(err)
+		}
 		if err == nil {
 			q.scrubAfter(batch)
 		}
 		for _, o := range batch {
-			if err != nil {
-				o.finish(fmt.Errorf("commit index: %w", err))
-			} else {
-				o.finish(nil)
-			}
+			o.finish(err)
 		}
 		switch {
-		case err != nil:
-		case !skipSync:
+		case !committed:
+		case err != nil || skipSync:
+			if !unsynced { // the timer tries the sync again
+				unsynced = true
+				syncTimer.Reset(syncDelay)
+			}
+		default:
 			unsynced = false
 			syncTimer.Stop()
-			q.markDurable()
-		case !unsynced:
-			unsynced = true
-			syncTimer.Reset(syncDelay)
 		}
 	}
 }
@@ -562,7 +602,7 @@ var syncLogFile applog.Syncer = applog.Fdatasync
 
 // syncDelay bounds how long an index transaction that skipped fsync stays
 // unsynced.
-const syncDelay = 20 * time.Millisecond
+var syncDelay = 20 * time.Millisecond // a var for tests
 
 // maxBatch bounds the ops of one transaction.
 const maxBatch = 512

@@ -62,6 +62,9 @@ func (q *Queue) rewriteIndex() error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("erase: open the rewritten index: %w", err)
 	}
+	if fi, err := os.Stat(tmp); err == nil {
+		fitAlloc(ndb, fi.Size())
+	}
 	nm, err := indexMark(ndb)
 	if err != nil {
 		ndb.Close()
@@ -70,6 +73,15 @@ func (q *Queue) rewriteIndex() error {
 	}
 	// Whichever file a crash leaves at index.db, the mark accepts it.
 	q.writeMarkF(swapMark(mark{id: q.markID, gen: q.markGen, txid: q.durableTx}, next))
+	if q.ckptF != nil {
+		seq, err := dropCheckpoint(q.dir)
+		if err != nil {
+			ndb.Close()
+			_ = os.Remove(tmp)
+			return fmt.Errorf("erase: %w", err)
+		}
+		q.ckptSeq = max(q.ckptSeq, seq)
+	}
 	q.indexMu.Lock()
 	if err := os.Rename(tmp, path); err != nil {
 		q.indexMu.Unlock()
@@ -81,6 +93,13 @@ func (q *Queue) rewriteIndex() error {
 	q.indexFile, _ = os.Stat(path)
 	q.indexMu.Unlock()
 	q.markGen, q.lastTx = next, nm.txid // compactInto synced it
+	// The new file's first checkpoint, at once (the old one's is dropped).
+	q.releasePin()
+	if q.ckptF != nil && !q.pinOff {
+		if err := q.takeCheckpoint(ndb); err != nil {
+			q.logSyncError(err)
+		}
+	}
 	q.markDurable()
 	q.wg.Add(1)
 	go func() {

@@ -3,6 +3,7 @@ package filestore
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math/bits"
@@ -96,7 +97,25 @@ func readMeta(b []byte) (boltMeta, bool) {
 // element bounds and key order of a B+tree page, and valid nested-bucket
 // headers. A file that passes can be opened and walked by bbolt without a
 // crash. Values are not interpreted (doctor checks those).
-func verifyIndexFile(path string) (err error) {
+func verifyIndexFile(path string) error {
+	return mapIndex(path, func(data []byte) error {
+		m, err := currentMeta(data)
+		if err != nil {
+			return err
+		}
+		return verifyTree(data, m)
+	})
+}
+
+// verifyIndexAt checks the tree that meta m names in the index at path,
+// whatever its own meta pages say.
+func verifyIndexAt(path string, m boltMeta) error {
+	return mapIndex(path, func(data []byte) error { return verifyTree(data, m) })
+}
+
+// mapIndex runs check on the bytes of the index file at path, mapped;
+// check's error, a fault or a panic is a *CorruptIndexError.
+func mapIndex(path string, check func(data []byte) error) (err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("open store index %s: %w", path, err)
@@ -130,7 +149,15 @@ func verifyIndexFile(path string) (err error) {
 			err = bad("unreadable: %v", r)
 		}
 	}()
+	if err := check(data); err != nil {
+		return bad("%v", err)
+	}
+	return nil
+}
 
+// currentMeta returns the meta record bbolt would use: the valid one with
+// the higher transaction id.
+func currentMeta(data []byte) (boltMeta, error) {
 	// The page size is in the first valid meta page; the second starts
 	// one page in.
 	m0, ok0 := readMeta(data)
@@ -144,7 +171,7 @@ func verifyIndexFile(path string) (err error) {
 		}
 	}
 	if pageSize < 512 || pageSize > 1<<20 || bits.OnesCount64(pageSize) != 1 {
-		return bad("no valid meta page")
+		return boltMeta{}, errors.New("no valid meta page")
 	}
 	m1, ok1 := readMeta(data[min(pageSize, uint64(len(data))):])
 	if ok0 && m0.pageSize != pageSize {
@@ -166,8 +193,16 @@ func verifyIndexFile(path string) (err error) {
 	case ok1:
 		m = m1
 	default:
-		return bad("no valid meta page")
+		return boltMeta{}, errors.New("no valid meta page")
 	}
+	return m, nil
+}
+
+// verifyTree checks the pages of the tree that meta m names (see
+// verifyIndexFile).
+func verifyTree(data []byte, m boltMeta) error {
+	size, pageSize := uint64(len(data)), m.pageSize
+	bad := fmt.Errorf
 	if m.pgid > uint64(size)/pageSize {
 		return bad("truncated: %d bytes, its pages need %d", size, m.pgid*pageSize)
 	}
@@ -179,16 +214,14 @@ func verifyIndexFile(path string) (err error) {
 	w.mark(1, 0)
 	if m.freelist != noFreelist {
 		if err := w.freelist(m.freelist); err != nil {
-			return bad("%v", err)
+			return err
 		}
 	}
 	if m.root < 2 || m.root >= m.pgid {
 		return bad("root page %d out of range", m.root)
 	}
-	if _, err := w.page(m.root, nil, nil, 0); err != nil {
-		return bad("%v", err)
-	}
-	return nil
+	_, err := w.page(m.root, nil, nil, 0)
+	return err
 }
 
 type walker struct {
