@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	bolt "go.etcd.io/bbolt"
@@ -146,6 +147,27 @@ var (
 	pinLimit   = pinMapSize / 2
 )
 
+// openIndex opens the store's index file at path, mapped with
+// pinMapSize of address space; where that much is refused (a limit on
+// the process's address space), with a map fitted to the file, and then
+// without pinning (pinOff: bbolt syncs every commit).
+func openIndex(path string, o Options) (db *bolt.DB, pinOff bool, err error) {
+	db, err = openBolt(path, o.boltOptions())
+	if errors.Is(err, syscall.ENOMEM) {
+		bo := o.boltOptions()
+		bo.InitialMmapSize = 0
+		db, err = openBolt(path, bo)
+		pinOff = true
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	if fi, err := os.Stat(path); err == nil {
+		fitAlloc(db, fi.Size())
+	}
+	return db, pinOff, nil
+}
+
 // fitAlloc sets how much bbolt grows the file by, for an index of size
 // bytes: bbolt sizes its growth from the map (to the map's size while it
 // is small, then in AllocSize steps), and the map is pinMapSize. The
@@ -256,6 +278,14 @@ func (q *Queue) openCheckpoint() error {
 		return fmt.Errorf("open store: index checkpoint: %w", err)
 	}
 	q.ckptF, q.ckptSeq = f, c.seq
+	if q.pinOff { // no checkpoint of this file will be kept: none may be applied
+		seq, err := dropCheckpoint(q.dir)
+		if err != nil {
+			q.ckptF.Close()
+			return fmt.Errorf("open store: %w", err)
+		}
+		q.ckptSeq = max(q.ckptSeq, seq)
+	}
 	if err := q.syncIndex(); err != nil {
 		q.ckptF.Close()
 		return fmt.Errorf("open store: %w", err)

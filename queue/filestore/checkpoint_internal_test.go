@@ -405,3 +405,29 @@ func TestCheckpoint_PastThePinLimitEveryCommitIsSynced(t *testing.T) {
 		t.Fatalf("rollBack = %d, %v; want nothing to do", from, err)
 	}
 }
+
+// Where the process may not map pinMapSize (a limit on its address space),
+// the store opens with a map fitted to the file and pins nothing: bbolt
+// syncs every commit, and the checkpoint file names no transaction.
+func TestCheckpoint_WithoutTheLargeMapEveryCommitIsSynced(t *testing.T) {
+	dir := t.TempDir()
+	storeWith(t, dir, 3) // an earlier run's checkpoint, which must not stay
+	defer func(s int) { pinMapSize = s }(pinMapSize)
+	pinMapSize = 1 << 47 // more than a process's address space: ENOMEM
+	q := openUnsynced(t, dir)
+	defer q.Close()
+	var synced []bool
+	hook := func() error { synced = append(synced, !q.db.Load().NoSync); return nil }
+	q.beforeCommit.Store(&hook)
+	if _, err := q.Enqueue(context.Background(), faultEnvelope("e1", "u1")); err != nil {
+		t.Fatal(err)
+	}
+	q.barrier()
+	q.beforeCommit.Store(nil)
+	if !q.pinOff || q.pin != nil || len(synced) == 0 || !synced[0] {
+		t.Fatalf("pinOff %v, pin %v, synced %v: want bbolt's syncs and no pin", q.pinOff, q.pin, synced)
+	}
+	if c, ok := readCheckpoint(dir); !ok || c.txid != 0 {
+		t.Fatalf("checkpoint of tx %d: want one that names no transaction", c.txid)
+	}
+}

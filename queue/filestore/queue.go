@@ -224,7 +224,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 			return nil, err
 		}
 	}
-	db, err := openBolt(path, o.boltOptions())
+	db, pinOff, err := openIndex(path, o)
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
 			// An older build, which does not take the directory's lock.
@@ -236,10 +236,8 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		}
 		return nil, fmt.Errorf("open store index %s: %w (run \"outbox doctor\" to check it, \"outbox doctor --rebuild\" to rebuild it from the logs)", path, err)
 	}
-	if fi, err := os.Stat(path); err == nil {
-		fitAlloc(db, fi.Size())
-	}
 	q := &Queue{
+		pinOff:   pinOff,
 		dir:      dir,
 		opts:     o,
 		log:      o.Logger,

@@ -57,13 +57,10 @@ func (q *Queue) rewriteIndex() error {
 	}
 	// Opened before the rename: once index.db is the new file, the store
 	// never goes on with the old one.
-	ndb, err := openBolt(tmp, q.opts.boltOptions())
+	ndb, pinOff, err := openIndex(tmp, q.opts)
 	if err != nil {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("erase: open the rewritten index: %w", err)
-	}
-	if fi, err := os.Stat(tmp); err == nil {
-		fitAlloc(ndb, fi.Size())
 	}
 	nm, err := indexMark(ndb)
 	if err != nil {
@@ -95,6 +92,7 @@ func (q *Queue) rewriteIndex() error {
 	q.markGen, q.lastTx = next, nm.txid // compactInto synced it
 	// The new file's first checkpoint, at once (the old one's is dropped).
 	q.releasePin()
+	q.pinOff = q.pinOff || pinOff
 	if q.ckptF != nil && !q.pinOff {
 		if err := q.takeCheckpoint(ndb); err != nil {
 			q.logSyncError(err)
