@@ -328,11 +328,14 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 	}
 	envDir := t.TempDir()
 	acks := newAckSet()
-	rebuiltAgain := 0
+	rebuiltAgain, wentBack := 0, 0
 	// start starts serve; only after a cut during a rebuild may it ask for
 	// one (the operator's step, done here).
 	start := func(cut int, afterRebuild bool) *daemon {
 		d, out, _ := launchServe(t, bin, data, env, args...)
+		if strings.Contains(out, "rolled_back") { // the index went back to its checkpoint
+			wentBack++
+		}
 		if d == nil && afterRebuild && strings.Contains(out, "doctor --rebuild") {
 			t.Logf("after power cut %d serve asked for a rebuild: %s", cut, firstErrorLine(out))
 			rebuiltAgain++
@@ -508,8 +511,8 @@ func powerCutDrill(t *testing.T, cuts int, variant string) {
 		tg.mu.Unlock()
 	}
 	again, rows := repeated(per), rowsIn(counts)
-	report := fmt.Sprintf("power-cut drill (%s): cuts=%d acknowledged=%d rows=%d delivered=%d lost=%d unresolved=%d deliver_calls=%d keys_delivered_again=%d consent_changes=%d users_erased=%d compacts=%d compacts_cut=%d rebuilds=%d rebuilds_cut=%d rebuilt_again=%d file_syncs=%d dir_syncs=%d",
-		variant, cuts, len(acked), rows, delivered, lost, unresolved, len(per), again, consent.n, len(erased.ids), compacts, compactsCut, rebuilds, rebuildsCut, rebuiltAgain, fileSyncs, dirSyncs)
+	report := fmt.Sprintf("power-cut drill (%s): cuts=%d acknowledged=%d rows=%d delivered=%d lost=%d unresolved=%d deliver_calls=%d keys_delivered_again=%d consent_changes=%d users_erased=%d compacts=%d compacts_cut=%d rebuilds=%d rebuilds_cut=%d rebuilt_again=%d index_went_back=%d file_syncs=%d dir_syncs=%d",
+		variant, cuts, len(acked), rows, delivered, lost, unresolved, len(per), again, consent.n, len(erased.ids), compacts, compactsCut, rebuilds, rebuildsCut, rebuiltAgain, wentBack, fileSyncs, dirSyncs)
 	t.Log(report)
 	fmt.Println(report)
 	switch {
