@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	bolt "go.etcd.io/bbolt"
 )
@@ -266,7 +267,9 @@ func (q *Queue) openCheckpoint() error {
 	path := filepath.Join(q.dir, CheckpointFile)
 	c, _ := readCheckpoint(q.dir)
 	f, err := openNoFollow(path, os.O_RDWR, 0)
+	created := false
 	if errors.Is(err, os.ErrNotExist) {
+		created = true
 		f, err = openNoFollow(path, os.O_RDWR|os.O_CREATE, 0o600)
 		if err == nil {
 			if err = syncDir(q.dir); err != nil {
@@ -287,6 +290,18 @@ func (q *Queue) openCheckpoint() error {
 		q.ckptSeq = max(q.ckptSeq, seq)
 	}
 	if err := q.syncIndex(); err != nil {
+		if created && queue.StorageProblemOf(err) == queue.StorageFull {
+			// A full disk leaves no room for a new checkpoint file (an
+			// existing one is written in place): none is kept this time,
+			// and bbolt syncs every commit. The empty file names nothing.
+			q.log.Warn("the file system is full: the index checkpoint cannot be written, every index transaction is synced until the next start",
+				"operation", "open", "status", "storage_full")
+			q.releasePin()
+			q.pinOff = true
+			_ = f.Truncate(0)
+			_ = applog.Fdatasync(f)
+			return nil
+		}
 		q.ckptF.Close()
 		return fmt.Errorf("open store: %w", err)
 	}
@@ -379,8 +394,11 @@ func readCheckpointMeta(path string, pageSize int, c *checkpoint) error {
 	return nil
 }
 
+// writeCkptAt writes a checkpoint slot (a test's hook).
+var writeCkptAt = func(f *os.File, b []byte, off int64) (int, error) { return f.WriteAt(b, off) }
+
 func (q *Queue) writeCheckpoint(c *checkpoint) error {
-	if _, err := q.ckptF.WriteAt(c.bytes(), int64(c.seq%2)*ckptSlotSize); err != nil {
+	if _, err := writeCkptAt(q.ckptF, c.bytes(), int64(c.seq%2)*ckptSlotSize); err != nil {
 		return fmt.Errorf("index checkpoint: %w", err)
 	}
 	if err := applog.Fdatasync(q.ckptF); err != nil {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -429,5 +430,46 @@ func TestCheckpoint_WithoutTheLargeMapEveryCommitIsSynced(t *testing.T) {
 	}
 	if c, ok := readCheckpoint(dir); !ok || c.txid != 0 {
 		t.Fatalf("checkpoint of tx %d: want one that names no transaction", c.txid)
+	}
+}
+
+// A store first opened by this version on a full disk has no room for a
+// new checkpoint file: it starts anyway (as it did before the checkpoint),
+// with every index transaction synced by bbolt, and keeps its checkpoints
+// from the next start with room on.
+func TestCheckpoint_FullDiskAtTheFirstStart(t *testing.T) {
+	dir := t.TempDir()
+	storeWith(t, dir, 3)
+	if err := os.Remove(filepath.Join(dir, CheckpointFile)); err != nil { // from before the checkpoint
+		t.Fatal(err)
+	}
+	defer func(w func(*os.File, []byte, int64) (int, error)) { writeCkptAt = w }(writeCkptAt)
+	writeCkptAt = func(*os.File, []byte, int64) (int, error) {
+		return 0, &os.PathError{Op: "write", Path: CheckpointFile, Err: syscall.ENOSPC}
+	}
+	q := openUnsynced(t, dir)
+	if !q.pinOff || q.pin != nil {
+		t.Fatalf("pinOff %v, pin %v on a full disk: want no pin", q.pinOff, q.pin)
+	}
+	var synced []bool
+	hook := func() error { synced = append(synced, !q.db.Load().NoSync); return nil }
+	q.beforeCommit.Store(&hook)
+	if _, err := q.Enqueue(context.Background(), faultEnvelope("e1", "u1")); err != nil {
+		t.Fatal(err)
+	}
+	q.barrier()
+	q.beforeCommit.Store(nil)
+	if len(synced) == 0 || !synced[0] {
+		t.Fatalf("transactions synced by bbolt: %v", synced)
+	}
+	if _, ok := readCheckpoint(dir); ok {
+		t.Fatal("a checkpoint on a full disk")
+	}
+	q.Close()
+	writeCkptAt = func(f *os.File, b []byte, off int64) (int, error) { return f.WriteAt(b, off) }
+	q = openUnsynced(t, dir)
+	defer q.Close()
+	if q.pinOff || q.pin == nil {
+		t.Fatal("no checkpoint once the disk has room")
 	}
 }

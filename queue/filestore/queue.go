@@ -279,7 +279,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	if err := q.openCheckpoint(); err != nil {
 		q.markF.Close()
 		db.Close()
-		return nil, err
+		return nil, pointAtDoctor(dir, err)
 	}
 	q.wg.Add(1)
 	go q.writeLoop()
