@@ -172,6 +172,7 @@ type running struct {
 	err    error
 
 	starts, ends atomic.Int64
+	tasks        atomic.Int64 // tasks started
 
 	mu     sync.Mutex
 	events []event
@@ -199,6 +200,7 @@ func runWorkerWith(t testing.TB, w *Worker, more func(r *running, h *hooks)) *ru
 	t.Helper()
 	r := &running{w: w, done: make(chan error, 1)}
 	w.hooks = &hooks{
+		taskStart: func(string, envelope.Key) { r.tasks.Add(1) },
 		taskDone: func(op string, key envelope.Key, res result) {
 			r.mu.Lock()
 			r.events = append(r.events, event{op, key, res})
@@ -243,17 +245,23 @@ func (r *running) sync(t testing.TB) {
 	waitFor(t, "a loop turn", func() bool { return r.ends.Load() > s })
 }
 
-// idle waits until the worker has settled: no task in flight, and a
-// loop turn that started afterwards leased nothing.
+// idle waits until the worker has settled: every task it started has
+// ended, its commit written (a slot is free again before that), and a
+// loop turn that started afterwards started none.
 func (r *running) idle(t testing.TB) {
 	t.Helper()
+	ended := func() (int64, bool) {
+		n := r.tasks.Load()
+		return n, int64(r.count(func(event) bool { return true })) == n
+	}
 	waitFor(t, "the worker to settle", func() bool {
-		if r.w.free() != cap(r.w.slots) {
+		n, ok := ended()
+		if !ok {
 			return false
 		}
-		n := r.count(func(event) bool { return true })
 		r.sync(t)
-		return r.w.free() == cap(r.w.slots) && r.count(func(event) bool { return true }) == n
+		m, ok := ended()
+		return ok && m == n
 	})
 }
 

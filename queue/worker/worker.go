@@ -86,8 +86,10 @@ type Worker struct {
 
 // hooks lets tests observe the worker without sleeping. Set before Run.
 type hooks struct {
-	// taskDone is called when a delivery or reconciliation task ends.
-	taskDone func(op string, key envelope.Key, r result)
+	// taskStart and taskDone are called when a delivery or
+	// reconciliation task starts and when it ends (its commit written).
+	taskStart func(op string, key envelope.Key)
+	taskDone  func(op string, key envelope.Key, r result)
 	// turnStart and turnEnd are called at the start and the end of each
 	// loop turn.
 	turnStart, turnEnd func()
@@ -535,6 +537,9 @@ func (w *Worker) nextHint(start time.Time) (time.Time, bool) {
 func (w *Worker) dispatch(ctx context.Context, op string, l *queue.Lease) {
 	w.slots <- struct{}{}
 	w.wg.Add(1)
+	if w.hooks != nil && w.hooks.taskStart != nil {
+		w.hooks.taskStart(op, l.Key)
+	}
 	go func() {
 		var once sync.Once
 		free := func() {
