@@ -280,6 +280,23 @@ type fakeTelegram struct {
 	next  int64
 }
 
+// waitCall waits, up to d, for the next call to the fake Bot API.
+func (f *fakeTelegram) waitCall(d time.Duration) {
+	count := func() int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		n := f.other
+		for _, c := range f.calls {
+			n += c
+		}
+		return n
+	}
+	n := count()
+	for end := time.Now().Add(d); time.Now().Before(end) && count() == n; {
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
 func newFakeTelegram(t *testing.T, token string, seed uint64) *fakeTelegram {
 	return newFakeTelegramOn(t, token, seed, nil)
 }

@@ -137,9 +137,9 @@ func (c *FS) content(ino ident, rng *rand.Rand) []byte {
 	if rng == nil || (len(c.dirty[ino]) == 0 && !c.resized[ino]) {
 		return b
 	}
-	now, err := os.ReadFile(c.paths[ino])
-	if id, _, ierr := identOf(c.paths[ino]); err != nil || ierr != nil || id != ino {
-		return b // gone, or another file under its name: only what was synced
+	now, ok := c.current(ino)
+	if !ok {
+		return b // gone: only what was synced
 	}
 	out := append([]byte(nil), b...)
 	if c.resized[ino] && rng.IntN(2) == 0 {
@@ -159,6 +159,30 @@ func (c *FS) content(ino ident, rng *rand.Rand) []byte {
 		copy(out[lo:hi], now[lo:hi])
 	}
 	return out
+}
+
+// current reads the backing file ino where it is now: a rename after
+// writes to it (a new index file swapped in through the descriptor it
+// was written by) moves it from the path they were made at.
+func (c *FS) current(ino ident) ([]byte, bool) {
+	p := c.paths[ino]
+	if id, _, err := identOf(p); err != nil || id != ino {
+		p = ""
+		_ = filepath.WalkDir(c.backing, func(q string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				if id, _, err := identOf(q); err == nil && id == ino {
+					p = q
+					return filepath.SkipAll
+				}
+			}
+			return nil
+		})
+		if p == "" {
+			return nil, false
+		}
+	}
+	b, err := os.ReadFile(p)
+	return b, err == nil
 }
 
 func resize(b []byte, n int) []byte {

@@ -190,6 +190,49 @@ func TestWriteTorn_EachUnsyncedPageOldOrNew(t *testing.T) {
 	}
 }
 
+// A file renamed after it was written, and written again through the
+// descriptor it was opened by (an index file swapped in), is torn like any
+// other: its unsynced pages are there or not, wherever its name went.
+func TestWriteTorn_AFileRenamedAfterItsWrites(t *testing.T) {
+	c, mnt := mountForTest(t)
+	tmp, final := filepath.Join(mnt, "new.tmp"), filepath.Join(mnt, "index")
+	page := func(b byte) string { return strings.Repeat(string(b), pageSize) }
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte(page('a')+page('a')), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		t.Fatal(err)
+	}
+	syncDir(t, mnt)
+	if _, err := f.WriteAt([]byte(page('b')), pageSize); err != nil { // after the rename, not synced
+		t.Fatal(err)
+	}
+	c.Cut()
+	seen := map[byte]bool{}
+	for seed := uint64(0); seed < 16; seed++ {
+		out := filepath.Join(t.TempDir(), "disk")
+		if err := c.WriteTorn(out, rand.New(rand.NewPCG(seed, 2))); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(out, "index"))
+		if err != nil || len(b) != 2*pageSize || b[0] != 'a' {
+			t.Fatalf("seed %d: %d bytes, %v", seed, len(b), err)
+		}
+		seen[b[pageSize]] = true
+	}
+	if !seen['a'] || !seen['b'] {
+		t.Errorf("16 torn disks kept page 1 as %q: want both the synced and the unsynced content", slices.Collect(maps.Keys(seen)))
+	}
+}
+
 // A sync after rewrites, an append and a truncation keeps exactly what the
 // file holds then (only its written pages are read again).
 func TestWriteDurable_SyncAfterRewritesKeepsTheFile(t *testing.T) {
