@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
@@ -152,11 +153,10 @@ var (
 // pinMapSize of address space; where that much is refused (a limit on
 // the process's address space), with a map fitted to the file, and then
 // without pinning (pinOff: bbolt syncs every commit).
-func openIndex(path string, o Options) (db *bolt.DB, pinOff bool, err error) {
-	db, err = openBolt(path, o.boltOptions())
+func openIndex(path string, o Options, mapSize int) (db *bolt.DB, pinOff bool, err error) {
+	db, err = openBolt(path, o.boltOptions(mapSize))
 	if errors.Is(err, syscall.ENOMEM) {
-		bo := o.boltOptions()
-		bo.InitialMmapSize = 0
+		bo := o.boltOptions(0)
 		db, err = openBolt(path, bo)
 		pinOff = true
 	}
@@ -322,7 +322,7 @@ func (q *Queue) syncIndex() error {
 		return nil
 	}
 	db := q.db.Load()
-	if err := syncDB(db); err != nil {
+	if err := q.k.syncDB(db); err != nil {
 		return fmt.Errorf("sync index: %w", err)
 	}
 	// The pin reads the mapped meta pages: a file cut under the store
@@ -348,13 +348,19 @@ var syncDB = func(db *bolt.DB) error { return db.Sync() }
 // takeCheckpoint records db's last commit, which the caller has synced,
 // as the checkpoint and pins it in place of the previous one.
 func (q *Queue) takeCheckpoint(db *bolt.DB) error {
+	// bbolt reads the meta pages holding a lock it does not release on a
+	// fault: on a file cut too short for them (an operator's "> index.db")
+	// the fault would leave every later call of the store waiting on it.
+	if fi, err := os.Stat(q.indexPath()); err == nil && fi.Size() < 2*int64(db.Info().PageSize) {
+		return &CorruptIndexError{Path: q.indexPath(), Reason: fmt.Sprintf("%d bytes, too short for a bbolt file", fi.Size())}
+	}
 	pin, err := db.Begin(false)
 	if err != nil {
 		return fmt.Errorf("index checkpoint: %w", err)
 	}
 	fitAlloc(db, pin.Size())
-	c := checkpoint{seq: q.ckptSeq + 1, boot: bootID(), txid: uint64(pin.ID())}
-	if pin.Size() > int64(pinLimit) {
+	c := checkpoint{seq: q.ckptSeq + 1, boot: q.k.boot, txid: uint64(pin.ID())}
+	if pin.Size() > int64(q.k.pinLimit) {
 		c.txid = 0 // from now on bbolt syncs every commit (see pinLimit)
 	}
 	if c.txid != 0 {
@@ -397,8 +403,23 @@ func readCheckpointMeta(path string, pageSize int, c *checkpoint) error {
 // writeCkptAt writes a checkpoint slot (a test's hook).
 var writeCkptAt = func(f *os.File, b []byte, off int64) (int, error) { return f.WriteAt(b, off) }
 
+// knobs are the store's settings that tests change (syncDelay, syncDB,
+// writeCkptAt, bootID, pinLimit, pinMapSize), as Open found them.
+type knobs struct {
+	syncDelay time.Duration
+	syncDB    func(*bolt.DB) error
+	writeCkpt func(*os.File, []byte, int64) (int, error)
+	boot      string
+	pinLimit  int
+	mapSize   int
+}
+
+func currentKnobs() knobs {
+	return knobs{syncDelay: syncDelay, syncDB: syncDB, writeCkpt: writeCkptAt, boot: bootID(), pinLimit: pinLimit, mapSize: pinMapSize}
+}
+
 func (q *Queue) writeCheckpoint(c *checkpoint) error {
-	if _, err := writeCkptAt(q.ckptF, c.bytes(), int64(c.seq%2)*ckptSlotSize); err != nil {
+	if _, err := q.k.writeCkpt(q.ckptF, c.bytes(), int64(c.seq%2)*ckptSlotSize); err != nil {
 		return fmt.Errorf("index checkpoint: %w", err)
 	}
 	if err := applog.Fdatasync(q.ckptF); err != nil {

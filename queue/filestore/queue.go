@@ -73,6 +73,9 @@ type Queue struct {
 	// txSynced: the running transaction is synced and checkpointed
 	// before its ops finish (writer only; tests read it).
 	txSynced bool
+	// k: the settings tests change, read once by Open (a damaged store's
+	// writer may outlive its Close, and must not read a later test's).
+	k knobs
 
 	// beforeCommit, set only by tests, runs inside every write transaction
 	// after its ops: an error fails the transaction (a full disk, an I/O
@@ -224,7 +227,8 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 			return nil, err
 		}
 	}
-	db, pinOff, err := openIndex(path, o)
+	k := currentKnobs()
+	db, pinOff, err := openIndex(path, o, k.mapSize)
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
 			// An older build, which does not take the directory's lock.
@@ -237,6 +241,7 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		return nil, fmt.Errorf("open store index %s: %w (run \"outbox doctor\" to check it, \"outbox doctor --rebuild\" to rebuild it from the logs)", path, err)
 	}
 	q := &Queue{
+		k:        k,
 		pinOff:   pinOff,
 		dir:      dir,
 		opts:     o,
@@ -303,15 +308,16 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 	return q, nil
 }
 
-// boltOptions are the options the store opens its index file with.
-func (o Options) boltOptions() *bolt.Options {
+// boltOptions are the options the store opens its index file with, mapped
+// with mapSize of address space (see pinLimit).
+func (o Options) boltOptions(mapSize int) *bolt.Options {
 	return &bolt.Options{
 		Timeout:         o.LockTimeout,
 		NoFreelistSync:  true,
 		FreelistType:    bolt.FreelistMapType,
 		NoSync:          o.NoSync,
 		OpenFile:        openNoFollow,
-		InitialMmapSize: pinMapSize, // see pinLimit
+		InitialMmapSize: mapSize,
 	}
 }
 
@@ -577,7 +583,7 @@ func (q *Queue) writeLoop() {
 		case err != nil || skipSync:
 			if !unsynced { // the timer tries the sync again
 				unsynced = true
-				syncTimer.Reset(syncDelay)
+				syncTimer.Reset(q.k.syncDelay)
 			}
 		default:
 			unsynced = false

@@ -57,7 +57,7 @@ func (q *Queue) rewriteIndex() error {
 	}
 	// Opened before the rename: once index.db is the new file, the store
 	// never goes on with the old one.
-	ndb, pinOff, err := openIndex(tmp, q.opts)
+	ndb, pinOff, err := openIndex(tmp, q.opts, q.k.mapSize)
 	if err != nil {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("erase: open the rewritten index: %w", err)
