@@ -473,3 +473,53 @@ func TestCheckpoint_FullDiskAtTheFirstStart(t *testing.T) {
 		t.Fatal("no checkpoint once the disk has room")
 	}
 }
+
+// The open store's Check runs bbolt's own check, which reads the free
+// list that every commit changes (and a pinned checkpoint keeps full of
+// pending pages), between the writer's commits: run beside enqueues,
+// claims and commits it neither races with them (go test -race) nor
+// stops serve with "concurrent map iteration and map write", as the fault
+// drill once saw.
+func TestCheckpoint_CheckBesideWrites(t *testing.T) {
+	q := openUnsynced(t, t.TempDir())
+	defer q.Close()
+	ctx := context.Background()
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			if _, err := q.Enqueue(ctx, faultEnvelope(fmt.Sprintf("w%d", i), fmt.Sprintf("u%d", i%3))); err != nil {
+				done <- err
+				return
+			}
+			ls, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 2, Channels: []envelope.Channel{envelope.ChannelTelegram}})
+			if err != nil {
+				done <- err
+				return
+			}
+			for _, l := range ls {
+				if err := q.Commit(ctx, l, queue.Outcome{State: envelope.StateSent}); err != nil {
+					done <- err
+					return
+				}
+			}
+		}
+	}()
+	for range 30 {
+		rep, err := q.Check()
+		if err != nil || !rep.OK() {
+			close(stop)
+			t.Fatalf("Check beside writes: %v, %+v", err, rep)
+		}
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

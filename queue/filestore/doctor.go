@@ -93,22 +93,42 @@ func Check(dir string) (*Report, error) {
 			return &Report{WentBack: wentBack, Problems: []string{"index is " + se.Reason}}, nil
 		}
 	}
-	rep, err := checkDB(db, dir)
+	rep, err := checkDB(db, dir, nil)
 	if rep != nil {
 		rep.WentBack = wentBack
 	}
 	return rep, err
 }
 
-// Check runs Check on the open store.
+// boltCheck runs bbolt's consistency check in tx.
+func boltCheck(tx *bolt.Tx) []string {
+	out := []string{}
+	for e := range tx.Check() {
+		out = append(out, "index: "+e.Error())
+	}
+	return out
+}
+
+// Check runs Check on the open store. bbolt's own check reads the free
+// list, which commits change (and a pinned checkpoint keeps full): it runs
+// in the writer, between commits.
 func (q *Queue) Check() (*Report, error) {
 	if q.isClosed() {
 		return nil, queue.ErrClosed
 	}
+	var structural []string
+	if err := q.write(context.Background(), true, func(tx *bolt.Tx) error {
+		structural = boltCheck(tx)
+		return nil
+	}); errors.Is(err, queue.ErrClosed) {
+		return nil, err
+	} else if err != nil {
+		structural = nil // a damaged store commits nothing more: checked below
+	}
 	q.barrier()
 	for {
 		db := q.db.Load()
-		rep, err := checkDB(db, q.dir)
+		rep, err := checkDB(db, q.dir, structural)
 		if errors.Is(err, berrors.ErrDatabaseNotOpen) && q.db.Load() != db {
 			continue // swapped by an Erase (scrubIndex) as it began
 		}
@@ -131,7 +151,10 @@ func openReadOnly(path string) (db *bolt.DB, err error) {
 	return db, err
 }
 
-func checkDB(db *bolt.DB, dir string) (*Report, error) {
+// checkDB checks the index db of the store in dir. structural, when not
+// nil, holds the problems bbolt's own check found already (run by the
+// writer of an open store); nil runs it here.
+func checkDB(db *bolt.DB, dir string, structural []string) (*Report, error) {
 	rep := &Report{}
 	bad := func(format string, a ...any) {
 		if len(rep.Problems) < 100 {
@@ -145,8 +168,11 @@ func checkDB(db *bolt.DB, dir string) (*Report, error) {
 				err = nil
 			}
 		}()
-		for e := range tx.Check() {
-			bad("index: %v", e)
+		if structural == nil {
+			structural = boltCheck(tx)
+		}
+		for _, p := range structural {
+			bad("%s", p)
 		}
 		for _, b := range allBuckets {
 			if tx.Bucket(b) == nil && !addedLater(b) {
