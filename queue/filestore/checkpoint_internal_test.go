@@ -75,6 +75,23 @@ func (d *durableIndex) torn(t *testing.T, r *rand.Rand) []byte {
 	return out
 }
 
+// fakeBoot makes bootID answer what the returned value holds ("boot-0"
+// first) until the test ends: a test's restart of the machine.
+func fakeBoot(t *testing.T) *atomic.Value {
+	var boot atomic.Value
+	boot.Store("boot-0")
+	old := bootID
+	bootID = func() string { return boot.Load().(string) }
+	t.Cleanup(func() { bootID = old })
+	return &boot
+}
+
+// unsyncedOptions are openUnsynced's: claims of chat replies skip fsync.
+func unsyncedOptions() *Options {
+	return &Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, DisableWatcher: true, RescanInterval: -1,
+		UnsyncedClaims: []envelope.Channel{envelope.ChannelTelegram}}
+}
+
 // A power cut while unsynced index transactions are written out leaves
 // the disk with any mix of their pages (bbolt puts no barrier between a
 // transaction's pages and its meta page when it does not sync): without
@@ -90,16 +107,11 @@ func TestCheckpoint_PowerCutNeverTearsTheIndex(t *testing.T) {
 	dir := t.TempDir()
 	defer func(d time.Duration) { syncDelay = d }(syncDelay)
 	syncDelay = time.Hour // no timed sync: every round's writes stay unsynced
-	var boot atomic.Value
-	boot.Store("boot-0")
-	defer func(f func() string) { bootID = f }(bootID)
-	bootID = func() string { return boot.Load().(string) }
+	boot := fakeBoot(t)
 	d := &durableIndex{path: filepath.Join(dir, IndexFile)}
 	d.install(t)
 
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	opts := &Options{Options: queue.Options{Logger: quiet}, DisableWatcher: true, RescanInterval: -1,
-		UnsyncedClaims: []envelope.Channel{envelope.ChannelTelegram}}
+	opts := unsyncedOptions()
 	q, err := Open(dir, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -219,12 +231,8 @@ func TestCheckpoint_OnlyARestartOfTheMachineGoesBack(t *testing.T) {
 	dir := t.TempDir()
 	defer func(d time.Duration) { syncDelay = d }(syncDelay)
 	syncDelay = time.Hour
-	var boot atomic.Value
-	boot.Store("boot-0")
-	defer func(f func() string) { bootID = f }(bootID)
-	bootID = func() string { return boot.Load().(string) }
-	opts := &Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, DisableWatcher: true, RescanInterval: -1,
-		UnsyncedClaims: []envelope.Channel{envelope.ChannelTelegram}}
+	boot := fakeBoot(t)
+	opts := unsyncedOptions()
 	q, err := Open(dir, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -268,10 +276,7 @@ func TestCheckpoint_OnlyARestartOfTheMachineGoesBack(t *testing.T) {
 // never be applied to the new one): a rebuild, a compaction, and an
 // Erase's rewrite, which takes the new file's first checkpoint at once.
 func TestCheckpoint_SwapsDropIt(t *testing.T) {
-	var boot atomic.Value
-	boot.Store("boot-0")
-	defer func(f func() string) { bootID = f }(bootID)
-	bootID = func() string { return boot.Load().(string) }
+	boot := fakeBoot(t)
 	for _, swap := range []string{"rebuild", "compact", "erase"} {
 		t.Run(swap, func(t *testing.T) {
 			dir := t.TempDir()
@@ -326,12 +331,8 @@ func TestCheckpoint_SwapsDropIt(t *testing.T) {
 // machine after it loses nothing.
 func TestCheckpoint_CloseCoversEveryCommit(t *testing.T) {
 	dir := t.TempDir()
-	var boot atomic.Value
-	boot.Store("boot-0")
-	defer func(f func() string) { bootID = f }(bootID)
-	bootID = func() string { return boot.Load().(string) }
-	opts := &Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, DisableWatcher: true, RescanInterval: -1,
-		UnsyncedClaims: []envelope.Channel{envelope.ChannelTelegram}}
+	boot := fakeBoot(t)
+	opts := unsyncedOptions()
 	q, err := Open(dir, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -372,10 +373,7 @@ func TestCheckpoint_PastThePinLimitEveryCommitIsSynced(t *testing.T) {
 	dir := t.TempDir()
 	defer func(l int) { pinLimit = l }(pinLimit)
 	pinLimit = 1
-	var boot atomic.Value
-	boot.Store("boot-0")
-	defer func(f func() string) { bootID = f }(bootID)
-	bootID = func() string { return boot.Load().(string) }
+	boot := fakeBoot(t)
 	q := openUnsynced(t, dir)
 	defer q.Close()
 	ctx := context.Background()

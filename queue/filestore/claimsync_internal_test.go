@@ -2,8 +2,6 @@ package filestore
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -16,7 +14,7 @@ import (
 // openUnsynced opens a store whose claims of chat replies may skip fsync.
 func openUnsynced(t *testing.T, dir string) *Queue {
 	t.Helper()
-	q, err := Open(dir, &Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, DisableWatcher: true, RescanInterval: -1, UnsyncedClaims: []envelope.Channel{envelope.ChannelTelegram}})
+	q, err := Open(dir, unsyncedOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
