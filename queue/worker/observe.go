@@ -50,7 +50,7 @@ type result struct {
 // failed reports whether r is a failure for span status and log level.
 func (r result) failed() bool {
 	switch r.status {
-	case string(envelope.StateSent), outcomeReleased, callInterrupted:
+	case string(envelope.StateSent), outcomeReleased, callInterrupted, statusRecovered:
 		return false
 	}
 	return true
@@ -61,7 +61,7 @@ func (r result) level() slog.Level {
 	switch r.status {
 	case outcomeReleased:
 		return slog.LevelDebug
-	case string(envelope.StateSent), string(envelope.StateRetryable), callInterrupted, callLost:
+	case string(envelope.StateSent), string(envelope.StateRetryable), callInterrupted, callLost, statusRecovered:
 		// A sent line at info shows the operator that delivery works.
 		return slog.LevelInfo
 	case callPanic, "store_error":

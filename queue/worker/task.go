@@ -14,6 +14,9 @@ import (
 const (
 	statusCommitFailed = "commit_failed"
 	statusDeferred     = "deferred"
+	// statusRecovered: the row's lease was recovered while the task ran
+	// (flight.go); the recovery writes the task's outcome.
+	statusRecovered = "recovered"
 )
 
 // decision is what the worker does with a Deliver call's result.
@@ -133,6 +136,9 @@ func (w *Worker) deliverLease(ctx context.Context, l *queue.Lease, callDone func
 		return w.release(ctx, l)
 	}
 
+	if w.flights.note(l, true, nil, false) {
+		return result{status: statusRecovered} // recovered before the call: not made
+	}
 	start := time.Now()
 	rcpt, panicked, err := callDeliver(callCtx, w.providers[ch], l.Key, msg)
 	d := forProvider(decide(err, panicked, ctx.Err() != nil, callCtx.Err() != nil), w.idem[ch])
@@ -171,6 +177,17 @@ func (w *Worker) reconcile(ctx context.Context, l *queue.Lease) result {
 
 func (w *Worker) reconcileLease(ctx context.Context, l *queue.Lease) result {
 	ch := l.Channel
+	if f := w.flights.take(l); f != nil {
+		// The row's delivery task ran here: its answer is the truth.
+		switch {
+		case f.out != nil:
+			return w.commit(ctx, l, *f.out)
+		case !f.called:
+			return w.release(ctx, l)
+		}
+		// The call's fate is unknown to the task too: ask the provider,
+		// now that the call is over.
+	}
 	if ctx.Err() != nil {
 		// Not asked: the lease expires again and the next worker asks.
 		return result{status: callInterrupted, class: envelope.ClassInterrupted}
@@ -285,6 +302,9 @@ func storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 // the row back: the store may have made it dead_letter (attempt limit), and
 // its due time is a hint for the loop's timer (and wakes the loop).
 func (w *Worker) commit(ctx context.Context, l *queue.Lease, out queue.Outcome) result {
+	if w.flights.note(l, false, &out, false) {
+		return result{status: statusRecovered, class: out.Class}
+	}
 	sctx, cancel := storeContext(ctx)
 	defer cancel()
 	if err := w.leases.Commit(sctx, l, out); err != nil {
@@ -348,6 +368,9 @@ func (w *Worker) settled(ctx context.Context, l *queue.Lease, state envelope.Sta
 
 // release gives back a lease whose provider call never started.
 func (w *Worker) release(ctx context.Context, l *queue.Lease) result {
+	if w.flights.note(l, false, nil, true) {
+		return result{status: statusRecovered}
+	}
 	sctx, cancel := storeContext(ctx)
 	defer cancel()
 	if err := w.leases.Release(sctx, l); err != nil {

@@ -71,8 +71,9 @@ type Worker struct {
 	kick  chan struct{} // wake the loop (coalesced)
 	wg    sync.WaitGroup
 
-	hintMu sync.Mutex
-	hints  []time.Time // sorted due times this worker knows of (its retries, its abandoned leases)
+	flights flights // delivery tasks running, for the recovery of their leases
+	hintMu  sync.Mutex
+	hints   []time.Time // sorted due times this worker knows of (its retries, its abandoned leases)
 
 	mu      sync.Mutex
 	closed  bool
@@ -537,6 +538,9 @@ func (w *Worker) nextHint(start time.Time) (time.Time, bool) {
 func (w *Worker) dispatch(ctx context.Context, op string, l *queue.Lease) {
 	w.slots <- struct{}{}
 	w.wg.Add(1)
+	if op != "reconcile" {
+		w.flights.start(l) // before the loop's next turn may recover l
+	}
 	if w.hooks != nil && w.hooks.taskStart != nil {
 		w.hooks.taskStart(op, l.Key)
 	}
@@ -557,6 +561,7 @@ func (w *Worker) dispatch(ctx context.Context, op string, l *queue.Lease) {
 			r = w.reconcile(ctx, l)
 		} else {
 			r = w.deliver(ctx, l, free)
+			w.flights.end(l)
 		}
 		if w.hooks != nil && w.hooks.taskDone != nil {
 			w.hooks.taskDone(op, l.Key, r)

@@ -1,0 +1,78 @@
+package worker
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/channels/fake"
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/queuetest"
+)
+
+// A step of the wall clock past a lease while its provider call runs (an
+// NTP step at boot on a host without a hardware clock, a VM resumed and
+// set right) makes the store see that lease as expired, and the worker's
+// next turn recovers it. The call is still this worker's, and it ends: its
+// answer settles the row, under the recovered lease. Without that the
+// recovered lease would be reconciled with a provider that cannot tell
+// (Telegram: unresolved, for the operator), and the call's own commit,
+// fenced out, would be lost. A call that ends without an answer (a lost
+// receipt) is reconciled as usual, but only once it has ended: asked
+// during the call, the provider could not see it yet and would answer
+// "rejected", and the row would be sent again.
+func TestWorker_ClockStepDuringACall(t *testing.T) {
+	cases := []struct {
+		name       string
+		step       fake.Step
+		reconciles int
+	}{
+		{"answered", fake.Succeed, 0},
+		{"receipt lost", fake.LoseReceipt, 1},
+	}
+	for _, st := range timerStores {
+		for _, c := range cases {
+			t.Run(st.name+"/"+c.name, func(t *testing.T) {
+				clock := queuetest.NewClock(t0)
+				s := st.open(t, clock, queue.Backoff{Base: time.Second, NoJitter: true})
+				e := &testEnv{clock: clock}
+				e.fakes = newTestEnv(t, queue.Backoff{}).fakes
+				tg := e.fakes[envelope.ChannelTelegram]
+				tg.Default(c.step)
+				inCall, release := make(chan struct{}), make(chan struct{})
+				var once sync.Once
+				tg.OnDeliver(func(envelope.Key) {
+					once.Do(func() { close(inCall) })
+					<-release
+				})
+				reply := queuetest.Reply("r1", "u1", "hello")
+				mustEnqueue(t, s, reply)
+				cfg := Config{Store: s, Providers: e.providers(envelope.ChannelTelegram), Renderer: testRenderer{},
+					Now: clock.Now, Logger: discard, Lease: time.Minute}
+				r := startWorker(t, cfg)
+				r.sync(t)
+				select {
+				case <-inCall:
+				case <-time.After(waitTimeout):
+					t.Fatal("the provider was never called")
+				}
+				clock.Advance(time.Hour) // the wall clock steps past the lease
+				r.sync(t)                // a turn recovers the lease
+				close(release)
+				r.idle(t)
+
+				key := keyOf(reply, 0)
+				if got := segment(t, s, key); got.State != envelope.StateSent {
+					t.Errorf("row %s after the step: %s (%s), want sent", key, got.State, got.Class)
+				}
+				if n := len(calls(tg, "deliver", key)); n != 1 {
+					t.Errorf("Deliver calls: %d, want 1", n)
+				}
+				if n := len(calls(tg, "reconcile", key)); n != c.reconciles {
+					t.Errorf("Reconcile calls: %d, want %d", n, c.reconciles)
+				}
+			})
+		}
+	}
+}
