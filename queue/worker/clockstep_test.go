@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxhq/outbox/channels"
 	"github.com/outboxhq/outbox/channels/fake"
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
@@ -74,5 +75,45 @@ func TestWorker_ClockStepDuringACall(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A call that ignores its context and outlives its lease keeps the
+// recovered lease waiting only for half of that lease: then the row is
+// reconciled as before, and no slot stays held for ever by the wait.
+func TestWorker_ClockStepDuringAStuckCall(t *testing.T) {
+	for _, st := range timerStores {
+		t.Run(st.name, func(t *testing.T) {
+			clock := queuetest.NewClock(t0)
+			s := st.open(t, clock, queue.Backoff{Base: time.Second, NoJitter: true})
+			tg := newTestEnv(t, queue.Backoff{}).fakes[envelope.ChannelTelegram]
+			inCall, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			tg.OnDeliver(func(envelope.Key) {
+				once.Do(func() { close(inCall) })
+				<-release // not the call's context
+			})
+			defer close(release)
+			tg.SetReconcile(func(envelope.Key) (channels.Reconciliation, error) {
+				return channels.Reconciliation{Outcome: channels.Unknown}, nil
+			})
+			reply := queuetest.Reply("r1", "u1", "hello")
+			mustEnqueue(t, s, reply)
+			r := startWorker(t, Config{Store: s, Providers: map[envelope.Channel]channels.Provider{envelope.ChannelTelegram: tg},
+				Renderer: testRenderer{}, Now: clock.Now, Logger: discard, Lease: 2 * time.Second, Concurrency: 2})
+			r.sync(t)
+			select {
+			case <-inCall:
+			case <-time.After(waitTimeout):
+				t.Fatal("the provider was never called")
+			}
+			clock.Advance(time.Hour)
+			r.sync(t)
+			key := keyOf(reply, 0)
+			r.waitEvent(t, "the recovered lease reconciled", is("reconcile", key, string(envelope.StateUnresolved)))
+			if n := len(calls(tg, "reconcile", key)); n != 1 {
+				t.Errorf("Reconcile calls: %d, want 1", n)
+			}
+		})
 	}
 }

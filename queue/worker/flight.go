@@ -78,17 +78,16 @@ func (fs *flights) note(l *queue.Lease, called bool, out *queue.Outcome, release
 }
 
 // take returns the task still running here for the row of l, a lease the
-// store recovered from it, after that task has ended; nil when there is
-// none.
+// store recovered from it, and keeps that task from writing the row; nil
+// when there is none. What the task noted may be read once f.done is
+// closed.
 func (fs *flights) take(l *queue.Lease) *flight {
 	fs.mu.Lock()
+	defer fs.mu.Unlock()
 	f := fs.m[l.Key]
 	if f == nil || f.fence >= l.Fence {
-		fs.mu.Unlock()
 		return nil
 	}
 	f.taken = true
-	fs.mu.Unlock()
-	<-f.done
 	return f
 }

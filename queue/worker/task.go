@@ -177,7 +177,7 @@ func (w *Worker) reconcile(ctx context.Context, l *queue.Lease) result {
 
 func (w *Worker) reconcileLease(ctx context.Context, l *queue.Lease) result {
 	ch := l.Channel
-	if f := w.flights.take(l); f != nil {
+	if f := w.flights.take(l); f != nil && w.awaitFlight(ctx, l, f) {
 		// The row's delivery task ran here: its answer is the truth.
 		switch {
 		case f.out != nil:
@@ -238,6 +238,25 @@ func (w *Worker) reconcileLease(ctx context.Context, l *queue.Lease) result {
 			Class: envelope.ClassReconcileRejected, NoAttempt: true})
 	}
 	return w.commit(ctx, l, queue.Outcome{State: envelope.StateUnresolved, Class: envelope.ClassReconcileUnknown})
+}
+
+// awaitFlight waits for the delivery task f of l's row to end, for at
+// most half of what is left of l, and reports whether it ended. A call
+// that outlives that (a provider that ignores its context) is reconciled
+// with the rest of the lease, as any call of unknown fate.
+func (w *Worker) awaitFlight(ctx context.Context, l *queue.Lease, f *flight) bool {
+	remaining := l.ExpiresAt.Sub(w.now())
+	if remaining <= 0 {
+		return false
+	}
+	wctx, cancel := context.WithTimeout(ctx, remaining/2)
+	defer cancel()
+	select {
+	case <-f.done:
+		return true
+	case <-wctx.Done():
+		return false
+	}
 }
 
 // callContext returns the context of a provider call: Run's context with
