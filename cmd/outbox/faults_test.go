@@ -916,6 +916,9 @@ func (dr *faultDrill) noFiles() string {
 // secondServe starts another serve on the running one's data directory:
 // it must be refused by the lock.
 func (dr *faultDrill) secondServe() string {
+	if dr.rng.IntN(2) == 0 {
+		return dr.copyServe()
+	}
 	d2, out, _ := launchServe(dr.t, dr.bin, dr.data, dr.env, dr.args...)
 	noCrashNote(dr, "second serve", out)
 	if d2 != nil {
@@ -927,6 +930,47 @@ func (dr *faultDrill) secondServe() string {
 		dr.defect("the second serve was refused without %q: %s", want, firstErrorLine(out))
 	}
 	return "a second serve refused (in use)"
+}
+
+// copyServe copies the data directory under load (an operator's cp -a)
+// and starts serve on the copy: refused, naming the running original.
+func (dr *faultDrill) copyServe() string {
+	dir := filepath.Join(dr.t.TempDir(), "copy")
+	defer os.RemoveAll(dir)
+	// Files come and go under load (a compaction's temporary file): what
+	// vanished is left out, as cp would.
+	err := filepath.Walk(dr.data, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return nil
+		}
+		rel, _ := filepath.Rel(dr.data, p)
+		dst := filepath.Join(dir, rel)
+		switch {
+		case fi.IsDir():
+			return os.MkdirAll(dst, 0o700)
+		case !fi.Mode().IsRegular():
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil
+		}
+		return os.WriteFile(dst, b, 0o600)
+	})
+	if err != nil {
+		dr.t.Fatal(err)
+	}
+	d2, out, _ := launchServe(dr.t, dr.bin, dir, dr.env, dr.args...)
+	noCrashNote(dr, "serve on a copy", out)
+	if d2 != nil {
+		d2.kill()
+		dr.defect("serve started on a copy of the data directory beside pid %d", dr.d.cmd.Process.Pid)
+		return "serve on a copy STARTED"
+	}
+	if want := "is a copy of the store in " + dr.data + ", which pid " + strconv.Itoa(dr.d.cmd.Process.Pid); !strings.Contains(out, want) {
+		dr.defect("serve on a copy was refused without %q: %s", want, firstErrorLine(out))
+	}
+	return "serve on a copy of the data directory refused"
 }
 
 func exitOf(err error) string {

@@ -70,6 +70,9 @@ type Queue struct {
 	ckptSeq uint64
 	pin     *bolt.Tx
 	pinOff  bool
+	// releaseID gives up the claim of the store's identity on this host
+	// (identity.go).
+	releaseID func()
 	// txSynced: the running transaction is synced and checkpointed
 	// before its ops finish (writer only; tests read it).
 	txSynced bool
@@ -286,6 +289,17 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		db.Close()
 		return nil, pointAtDoctor(dir, err)
 	}
+	// Before anything is indexed or delivered: a copy beside its
+	// original would deliver the same rows (identity.go).
+	if q.releaseID, err = claimIdentity(q.markID, dir); err != nil {
+		q.releasePin()
+		if q.ckptF != nil {
+			q.ckptF.Close()
+		}
+		q.markF.Close()
+		db.Close()
+		return nil, err
+	}
 	q.wg.Add(1)
 	go q.writeLoop()
 	// Catch up on every log before reporting ready.
@@ -436,6 +450,9 @@ func (q *Queue) Close() error {
 		}
 		if q.ckptF != nil {
 			_ = q.ckptF.Close()
+		}
+		if q.releaseID != nil {
+			q.releaseID()
 		}
 		removePID(q.dir)
 		if q.damageErr() == nil {

@@ -1,0 +1,49 @@
+//go:build linux
+
+package filestore
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+)
+
+// A copy of a data directory opened while another process has the
+// original open is refused, naming that process and the original; once
+// the original is closed the copy opens. (The other process is this one,
+// made to look like another: its claim is forgotten here and its socket
+// answers with another pid.)
+func TestIdentity_ACopyBesideItsOriginalIsRefused(t *testing.T) {
+	defer func(f func() int) { identityPID = f }(identityPID)
+	identityPID = func() int { return 1 }
+	orig, copied := filepath.Join(t.TempDir(), "orig"), filepath.Join(t.TempDir(), "copy")
+	storeWith(t, orig, 4)
+	q := openFault(t, orig)
+	held.Delete(q.markID)
+	copyTree(t, orig, copied)
+
+	_, err := Open(copied, nil)
+	var ce *StoreCopyError
+	if !errors.As(err, &ce) || ce.PID != 1 || ce.Other != orig || ce.Path != copied || !errors.Is(err, ErrStoreBusy) {
+		t.Fatalf("Open of a copy beside its open original: %v, want *StoreCopyError naming pid 1 and %s", err, orig)
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(copied, nil)
+	if err != nil {
+		t.Fatalf("Open of the copy once the original is closed: %v", err)
+	}
+	defer c.Close()
+	if n := rows(t, c); n != 4 {
+		t.Fatalf("the copy has %d rows, want 4", n)
+	}
+	// Two stores of this process with one identity (a test's copy): each
+	// opens.
+	copyTree(t, copied, orig+"2")
+	d, err := Open(orig+"2", nil)
+	if err != nil {
+		t.Fatalf("a copy opened in the process that has the original open: %v", err)
+	}
+	d.Close()
+}
