@@ -24,9 +24,9 @@ var identityPID = os.Getpid
 // *StoreCopyError when another process holds it. Where the claim cannot
 // be made (no abstract sockets) nothing is claimed.
 func claimIdentity(id, dir string) (release func(), err error) {
-	if heldHere(id) {
-		// This process holds the original (a program, or a test, that
-		// opened a copy beside it): its own affair.
+	if id == "" || heldHere(id) {
+		// No identity yet; or this process holds the original (a program,
+		// or a test, that opened a copy beside it): its own affair.
 		return func() {}, nil
 	}
 	name := "@outbox-store-" + id
