@@ -937,29 +937,7 @@ func (dr *faultDrill) secondServe() string {
 func (dr *faultDrill) copyServe() string {
 	dir := filepath.Join(dr.t.TempDir(), "copy")
 	defer os.RemoveAll(dir)
-	// Files come and go under load (a compaction's temporary file): what
-	// vanished is left out, as cp would.
-	err := filepath.Walk(dr.data, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return nil
-		}
-		rel, _ := filepath.Rel(dr.data, p)
-		dst := filepath.Join(dir, rel)
-		switch {
-		case fi.IsDir():
-			return os.MkdirAll(dst, 0o700)
-		case !fi.Mode().IsRegular():
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return nil
-		}
-		return os.WriteFile(dst, b, 0o600)
-	})
-	if err != nil {
-		dr.t.Fatal(err)
-	}
+	copyDir(dr.t, dr.data, dir)
 	d2, out, _ := launchServe(dr.t, dr.bin, dir, dr.env, dr.args...)
 	noCrashNote(dr, "serve on a copy", out)
 	if d2 != nil {

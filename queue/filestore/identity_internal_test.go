@@ -4,13 +4,15 @@ package filestore
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"testing"
 )
 
 // A copy of a data directory opened while another process has the
 // original open is refused, naming that process and the original; once
-// the original is closed the copy opens. (The other process is this one,
+// the original is closed the copy opens. The copy is refused before its
+// index is read (a copy taken under writes may hold a torn one). (The other process is this one,
 // made to look like another: its claim is forgotten here and its socket
 // answers with another pid.)
 func TestIdentity_ACopyBesideItsOriginalIsRefused(t *testing.T) {
@@ -26,6 +28,16 @@ func TestIdentity_ACopyBesideItsOriginalIsRefused(t *testing.T) {
 	var ce *StoreCopyError
 	if !errors.As(err, &ce) || ce.PID != 1 || ce.Other != orig || ce.Path != copied || !errors.Is(err, ErrStoreBusy) {
 		t.Fatalf("Open of a copy beside its open original: %v, want *StoreCopyError naming pid 1 and %s", err, orig)
+	}
+	// A copy taken under writes may hold a torn index: it is still a
+	// copy, refused as one before its index is read.
+	torn := filepath.Join(t.TempDir(), "torn")
+	copyTree(t, orig, torn)
+	if err := os.Truncate(filepath.Join(torn, IndexFile), 100); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(torn, nil); !errors.As(err, &ce) {
+		t.Fatalf("Open of a torn copy beside its open original: %v, want *StoreCopyError", err)
 	}
 	if err := q.Close(); err != nil {
 		t.Fatal(err)

@@ -203,7 +203,21 @@ func Open(dir string, opts *Options) (*Queue, error) {
 
 // openLocked opens the store in dir, whose lock lk the caller holds; the
 // caller releases it (Close does when ownLock is set).
-func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
+func openLocked(dir string, o Options, lk *dirLock) (_ *Queue, err error) {
+	// A copy beside its running original is refused before anything in it
+	// is read or written (identity.go): the mark names the identity.
+	claimed, releaseID := "", func() {}
+	if m, ok := readMark(dir); ok {
+		if releaseID, err = claimIdentity(m.id, dir); err != nil {
+			return nil, err
+		}
+		claimed = m.id
+	}
+	defer func() {
+		if err != nil {
+			releaseID()
+		}
+	}()
 	path := filepath.Join(dir, IndexFile)
 	if err := checkNotLink(path); err != nil {
 		return nil, fmt.Errorf("open store index: %w", err)
@@ -289,17 +303,23 @@ func openLocked(dir string, o Options, lk *dirLock) (*Queue, error) {
 		db.Close()
 		return nil, pointAtDoctor(dir, err)
 	}
-	// Before anything is indexed or delivered: a copy beside its
-	// original would deliver the same rows (identity.go).
-	if q.releaseID, err = claimIdentity(q.markID, dir); err != nil {
-		q.releasePin()
-		if q.ckptF != nil {
-			q.ckptF.Close()
+	// A store without a mark before (a new one) claims its identity now,
+	// before anything is indexed or delivered.
+	if q.markID != claimed {
+		more, err := claimIdentity(q.markID, dir)
+		if err != nil {
+			q.releasePin()
+			if q.ckptF != nil {
+				q.ckptF.Close()
+			}
+			q.markF.Close()
+			db.Close()
+			return nil, err
 		}
-		q.markF.Close()
-		db.Close()
-		return nil, err
+		first := releaseID
+		releaseID = func() { first(); more() }
 	}
+	q.releaseID = releaseID
 	q.wg.Add(1)
 	go q.writeLoop()
 	// Catch up on every log before reporting ready.
