@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,7 +34,11 @@ func claimIdentity(id, dir string) (release func(), err error) {
 	for range 3 {
 		ln, err := net.Listen("unix", name)
 		if err == nil {
-			stop := serveIdentity(ln.(*net.UnixListener), dir)
+			where := dir // as another process's error will name it
+			if abs, err := filepath.Abs(dir); err == nil {
+				where = abs
+			}
+			stop := serveIdentity(ln.(*net.UnixListener), where)
 			held.Store(id, true)
 			var once sync.Once
 			return func() { once.Do(func() { held.Delete(id); stop() }) }, nil
