@@ -117,3 +117,69 @@ func TestWorker_ClockStepDuringAStuckCall(t *testing.T) {
 		})
 	}
 }
+
+// The orders in which a recovery can meet its row's delivery task, on
+// flights alone: what the recovery finds once the task has ended decides
+// whether it commits the task's outcome, gives the lease back (no call
+// was made) or asks the provider.
+func TestFlights_RecoveryMeetsTheTask(t *testing.T) {
+	l := &queue.Lease{Key: envelope.Key{Tenant: "t", EnvelopeID: "e"}, Fence: 7}
+	rec := &queue.Lease{Key: l.Key, Fence: 8}
+	sent := queue.Outcome{State: envelope.StateSent, Receipt: "r-1"}
+
+	t.Run("before the call", func(t *testing.T) {
+		var fs flights
+		fs.start(l)
+		f := fs.take(rec)
+		if !fs.note(l, true, nil, false) {
+			t.Fatal("the task may call after its lease was recovered")
+		}
+		fs.end(l)
+		<-f.done
+		if f.called || f.out != nil {
+			t.Fatalf("called %v, out %v: want no call noted (the recovery gives the lease back)", f.called, f.out)
+		}
+	})
+	t.Run("during the call", func(t *testing.T) {
+		var fs flights
+		fs.start(l)
+		if fs.note(l, true, nil, false) {
+			t.Fatal("taken before any recovery")
+		}
+		f := fs.take(rec)
+		if !fs.note(l, false, &sent, false) {
+			t.Fatal("the task may commit after its lease was recovered")
+		}
+		fs.end(l)
+		<-f.done
+		if !f.called || f.out == nil || *f.out != sent {
+			t.Fatalf("called %v, out %v: want the call and its outcome", f.called, f.out)
+		}
+	})
+	t.Run("while the task commits", func(t *testing.T) {
+		var fs flights
+		fs.start(l)
+		fs.note(l, true, nil, false)
+		if fs.note(l, false, &sent, false) {
+			t.Fatal("taken before any recovery")
+		}
+		f := fs.take(rec) // the task's commit, fenced out, fails
+		fs.end(l)
+		<-f.done
+		if f.out == nil || *f.out != sent {
+			t.Fatalf("out %v: want the outcome the task committed", f.out)
+		}
+	})
+	t.Run("no task", func(t *testing.T) {
+		var fs flights
+		fs.start(l)
+		fs.end(l)
+		if fs.take(rec) != nil {
+			t.Fatal("a recovery found a task that had ended")
+		}
+		fs.start(rec)
+		if fs.take(rec) != nil {
+			t.Fatal("a lease found itself as its own task")
+		}
+	})
+}

@@ -68,7 +68,9 @@ func (fs *flights) note(l *queue.Lease, called bool, out *queue.Outcome, release
 	if f == nil || f.fence != l.Fence {
 		return false // not a delivery task's lease (a recovery's)
 	}
-	f.called = f.called || called
+	if called && !f.taken { // taken first: the call is not made
+		f.called = true
+	}
 	if out != nil {
 		o := *out
 		f.out = &o
