@@ -37,9 +37,7 @@ func TestWorker_ClockStepDuringACall(t *testing.T) {
 			t.Run(st.name+"/"+c.name, func(t *testing.T) {
 				clock := queuetest.NewClock(t0)
 				s := st.open(t, clock, queue.Backoff{Base: time.Second, NoJitter: true})
-				e := &testEnv{clock: clock}
-				e.fakes = newTestEnv(t, queue.Backoff{}).fakes
-				tg := e.fakes[envelope.ChannelTelegram]
+				tg := fake.New(envelope.ChannelTelegram)
 				tg.Default(c.step)
 				inCall, release := make(chan struct{}), make(chan struct{})
 				var once sync.Once
@@ -49,7 +47,7 @@ func TestWorker_ClockStepDuringACall(t *testing.T) {
 				})
 				reply := queuetest.Reply("r1", "u1", "hello")
 				mustEnqueue(t, s, reply)
-				cfg := Config{Store: s, Providers: e.providers(envelope.ChannelTelegram), Renderer: testRenderer{},
+				cfg := Config{Store: s, Providers: map[envelope.Channel]channels.Provider{envelope.ChannelTelegram: tg}, Renderer: testRenderer{},
 					Now: clock.Now, Logger: discard, Lease: time.Minute}
 				r := startWorker(t, cfg)
 				r.sync(t)
@@ -86,7 +84,7 @@ func TestWorker_ClockStepDuringAStuckCall(t *testing.T) {
 		t.Run(st.name, func(t *testing.T) {
 			clock := queuetest.NewClock(t0)
 			s := st.open(t, clock, queue.Backoff{Base: time.Second, NoJitter: true})
-			tg := newTestEnv(t, queue.Backoff{}).fakes[envelope.ChannelTelegram]
+			tg := fake.New(envelope.ChannelTelegram)
 			inCall, release := make(chan struct{}), make(chan struct{})
 			var once sync.Once
 			tg.OnDeliver(func(envelope.Key) {
