@@ -116,7 +116,7 @@ var faultKinds = []string{
 	"index-deleted", "index-emptied", "index-scrambled", "index-restored",
 	"log-deleted", "log-truncated", "log-replaced",
 	"disk-full", "no-files", "second-serve", "concurrent-compact",
-	"provider-down",
+	"provider-down", "dir-moved",
 }
 
 const (
@@ -685,6 +685,53 @@ func (dr *faultDrill) checkAlive() {
 	}
 }
 
+// dirMoved moves the data directory away under serve under load (mv
+// data data.moved, meant for a stopped serve): serve must stop by itself
+// naming where the directory went, and nothing (serve, outbox enqueue)
+// may make the data directory again at its old path: what was
+// acknowledged there would be split from its index. The operator moves it
+// back and starts serve.
+func (dr *faultDrill) dirMoved() string {
+	if dr.d == nil {
+		return "serve not running; " + dr.up()
+	}
+	aside := dr.data + ".moved"
+	d := dr.d
+	start := time.Now()
+	if err := os.Rename(dr.data, aside); err != nil {
+		dr.t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { <-d.scanned; exited <- d.cmd.Wait() }()
+	var err error
+	select {
+	case err = <-exited:
+	case <-time.After(10 * time.Second):
+		d.cmd.Process.Signal(syscall.SIGKILL) // reaped by the Wait above
+		err = <-exited
+		dr.defect("serve ran on 10 s after its data directory moved")
+	}
+	took := time.Since(start)
+	dr.base.Store("")
+	dr.d = nil
+	logs := d.logs.String()
+	noCrashNote(dr, "serve", logs)
+	if !strings.Contains(logs, "was moved to "+aside) {
+		dr.defect("serve stopped (%v) after its data directory moved without naming where it went: %s", err, lastLines(logs, 3))
+	}
+	if _, err := os.Lstat(dr.data); err == nil {
+		var made []string
+		_ = filepath.WalkDir(dr.data, func(p string, _ os.DirEntry, _ error) error { made = append(made, p); return nil })
+		dr.defect("the data directory was made again at its old path after it moved: %v", made)
+		dr.t.Fatalf("cannot move the data directory back over what was made at its old path: %v", made)
+	}
+	if err := os.Rename(aside, dr.data); err != nil {
+		dr.t.Fatal(err)
+	}
+	dr.step("serve stopped itself: its data directory moved → moved back")
+	return fmt.Sprintf("moved under serve, which stopped itself in %s; moved back; %s", took.Round(time.Millisecond), dr.up())
+}
+
 // knownCut is the store-core defect an index.db emptied under a running
 // serve shows: bbolt reads its memory map past the file's new end.
 const knownCut = "serve killed after index.db was emptied under it (SIGBUS: bbolt's memory map read past the end of the file, or a bbolt page assertion on the zeros written back)"
@@ -841,6 +888,8 @@ func (dr *faultDrill) apply(kind string) string {
 		hold := time.Duration(500+dr.rng.IntN(1500)) * time.Millisecond
 		dr.tg.down(hold)
 		return fmt.Sprintf("the Bot API refused connections for %s (connections open were cut)", hold.Round(time.Millisecond))
+	case "dir-moved":
+		return dr.dirMoved()
 	case "concurrent-compact":
 		if dr.rng.IntN(2) == 0 {
 			// Beside a running serve: compact prunes through it and

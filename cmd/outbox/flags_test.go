@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -110,5 +112,23 @@ func TestCLI_ConsentLift(t *testing.T) {
 	}
 	if _, errs, code = runCmd(t, "consent", "lift", "u_7", "fax", "--data", data); code != exitUsage || !strings.Contains(errs, "unknown channel") {
 		t.Fatalf("consent lift of a bad channel = %d %q", code, errs)
+	}
+}
+
+// outbox enqueue on a data directory that does not exist (a typo in --data
+// or OUTBOX_DATA, or a directory moved away) refuses and makes nothing:
+// a store made there would hold envelopes no serve reads.
+func TestEnqueue_RefusesMissingDataDir(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "outbx")
+	f := filepath.Join(t.TempDir(), "env.json")
+	if err := os.WriteFile(f, replyJSON("typo-1", "u1"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, errs, code := runCmd(t, "enqueue", "--data", missing, f)
+	if code != exitFailure || !strings.Contains(errs, "no data directory "+missing) || !strings.Contains(errs, "nothing was appended") {
+		t.Fatalf("enqueue to a missing data directory = %d %q", code, errs)
+	}
+	if _, err := os.Lstat(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("enqueue made %s: %v", missing, err)
 	}
 }

@@ -569,3 +569,73 @@ func openDirect(t *testing.T, data string) *filestore.Queue {
 	}
 	return q
 }
+
+// The data directory moved (mv data data.old) under a running serve, by
+// an operator who meant to move it while stopped: no enqueue is
+// acknowledged at the old path (serve creates nothing there: a second
+// store without an index, with acknowledged envelopes split between the
+// two), serve stops by itself naming where the directory went, and serve
+// on the new path delivers what was acknowledged, each once.
+func TestFault_DataDirMovedUnderServe(t *testing.T) {
+	bin := buildBinary(t)
+	base := t.TempDir()
+	data, moved := filepath.Join(base, "data"), filepath.Join(base, "data.old")
+	d, out, _ := tryServe(t, bin, data)
+	if d == nil {
+		t.Fatalf("serve:\n%s", out)
+	}
+	const n = 10
+	for j := range n {
+		if code, b := request(t, "POST", d.base+"/v1/envelopes", faultToken, replyJSON(fmt.Sprintf("r%04d", j), "u"+strconv.Itoa(j%3))); code != 201 {
+			t.Fatalf("POST = %d %s", code, b)
+		}
+	}
+	eventually(t, "every reply delivered", func() bool { c, _ := journal(t, data); return c >= n })
+	if err := os.Rename(data, moved); err != nil {
+		t.Fatal(err)
+	}
+	// Users with a log (u0) and without (u9): none is acknowledged.
+	for j, user := range []string{"u0", "u9", "u1", "u8"} {
+		req, _ := http.NewRequest("POST", d.base+"/v1/envelopes", bytes.NewReader(replyJSON(fmt.Sprintf("late%d", j), user)))
+		req.Header.Set("Authorization", "Bearer "+faultToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			continue // serve has stopped already
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("POST for %s after the data directory moved = %d, want 503 (never acknowledged at the old path)", user, resp.StatusCode)
+		}
+	}
+	exited := make(chan error, 1)
+	go func() { <-d.scanned; exited <- d.cmd.Wait() }()
+	var err error
+	select {
+	case err = <-exited:
+	case <-time.After(60 * time.Second):
+		d.cmd.Process.Signal(syscall.SIGKILL) // reaped by the Wait above
+		<-exited
+		t.Fatalf("serve still runs a minute after its data directory moved:\n%s", d.logs)
+	}
+	logs := d.logs.String()
+	noCrash(t, "serve", logs)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitFailure || !strings.Contains(logs, "stopping: the data directory "+data+" was moved to "+moved) {
+		t.Fatalf("serve after its data directory moved: %v, want exit 1 naming where it went:\n%s", err, logs)
+	}
+	if _, err := os.Lstat(data); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("serve made %s again after it moved (%v)", data, err)
+	}
+	d, out, _ = tryServe(t, bin, moved)
+	if d == nil {
+		t.Fatalf("serve on the directory where it is now:\n%s", out)
+	}
+	c := settled(t, bin, moved)
+	d.stop(t)
+	if got := c.Total(envelope.StateSent); got != n {
+		t.Errorf("%d sent, want %d (the acknowledged ones, not the refused)", got, n)
+	}
+	if calls, twice := journal(t, moved); calls != n || twice != 0 {
+		t.Fatalf("%d deliveries of %d replies, %d twice; want each once", calls, n, twice)
+	}
+}

@@ -175,7 +175,7 @@ func (q *Queue) operatorTx(ctx context.Context, tenant, id string, f func(tx *bo
 func (q *Queue) Requeue(ctx context.Context, tenant, id string) error {
 	return q.operatorTx(ctx, tenant, id, func(tx *bolt.Tx, ek []byte, e *envRec, rows []queue.Delivery, now time.Time) (*queue.Step, error) {
 		v := queue.RecordLost
-		if env, err := q.readEnvelope(ek, e); queue.Exhausted(err) {
+		if env, err := q.readEnvelope(ek, e); passing(err) {
 			return nil, fmt.Errorf("requeue: %w", err)
 		} else if err == nil {
 			t, _ := splitEnvKey(ek)

@@ -24,10 +24,19 @@ import (
 // its next Open. Duplicates are appended too (the store ignores them when
 // it indexes); use Known to tell the caller beforehand.
 //
+// The data directory dir must exist: Append makes what is missing inside
+// it, never dir itself (a mistyped path would start a store that no
+// process reads).
+//
 // Envelopes for several logs are appended log by log: a failure part-way
 // leaves the earlier logs' records in place (they are durable and will be
 // delivered); the error says so.
 func Append(dir string, envs ...*envelope.Envelope) error {
+	if fi, err := os.Stat(dir); isNotExist(err) {
+		return fmt.Errorf("no data directory %s: nothing was appended (outbox serve makes it when it first starts; make it first to append before that)", dir)
+	} else if err == nil && !fi.IsDir() {
+		return fmt.Errorf("the data directory %s is not a directory: nothing was appended", dir)
+	}
 	byLog := map[string][]byte{}
 	var order []string
 	for i, in := range envs {
@@ -46,7 +55,7 @@ func Append(dir string, envs ...*envelope.Envelope) error {
 		byLog[rel] = append(append(byLog[rel], line...), '\n')
 	}
 	for i, rel := range order {
-		if _, err := applog.AppendLocked(filepath.Join(dir, rel), byLog[rel], applog.Fdatasync); err != nil {
+		if _, err := applog.AppendIn(dir, rel, byLog[rel], applog.Fdatasync); err != nil {
 			if i > 0 {
 				return fmt.Errorf("append to log %d of %d: %w (the earlier logs' records were appended)", i+1, len(order), err)
 			}

@@ -165,7 +165,7 @@ func (q *Queue) claimRow(ctx context.Context, tx *bolt.Tx, ek []byte, seg int, r
 	// The verdict needs the recipient (suppressions target one address or
 	// subscription), so read the record.
 	env, err := q.readEnvelope(ek, e)
-	if queue.Exhausted(err) {
+	if passing(err) {
 		return nil, nil, fmt.Errorf("claim: %w", err) // not lost: the claim is tried again
 	}
 	v := queue.RecordLost
@@ -362,7 +362,7 @@ func (q *Queue) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.L
 				continue
 			}
 			fence := func() uint64 { return nextCounter(tx, keyFence) }
-			if _, rerr := q.readEnvelope(ek, e); queue.Exhausted(rerr) {
+			if _, rerr := q.readEnvelope(ek, e); passing(rerr) {
 				if len(out) > 0 {
 					break // as Claim: what is leased goes back, the rest waits
 				}

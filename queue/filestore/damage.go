@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"runtime/debug"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/outboxhq/outbox/queue"
@@ -38,23 +41,98 @@ func (q *Queue) guard(f func() error) (err error) {
 	return f()
 }
 
-// markDamaged records the first damage found at run time and closes
-// Damaged.
-func (q *Queue) markDamaged(ce *CorruptIndexError) {
-	if !q.damage.CompareAndSwap(nil, ce) {
+// markDamaged records the first damage found at run time (a
+// *CorruptIndexError or a *DirMovedError) and closes Damaged.
+func (q *Queue) markDamaged(err error) {
+	if !q.damage.CompareAndSwap(nil, &runDamage{err}) {
 		return
 	}
 	close(q.damaged)
-	q.log.Error("the index was damaged under the running store: every call fails from now on; stop the process, then start it again (it refuses the index or repairs it; \"outbox doctor --rebuild\" rebuilds it from the logs, which hold every acknowledged envelope)",
-		"operation", "index", "status", "damaged", "reason", ce.Reason)
+	var ce *CorruptIndexError
+	if errors.As(err, &ce) {
+		q.log.Error("the index was damaged under the running store: every call fails from now on; stop the process, then start it again (it refuses the index or repairs it; \"outbox doctor --rebuild\" rebuilds it from the logs, which hold every acknowledged envelope)",
+			"operation", "index", "status", "damaged", "reason", ce.Reason)
+		return
+	}
+	q.log.Error(err.Error()+" (every call fails from now on)", "operation", "index", "status", "moved")
 }
 
-// checkIndexFile marks the store damaged when index.db is no longer the
-// file the store has open: removed (with its directory, perhaps) or
-// replaced, renamed over, under it. The store would go on writing to a file
-// that no one opens again, and everything it recorded would be lost at the
-// next start. The tailer runs it every indexCheckInterval.
+// indexSound reports whether the index file can still be used and closed
+// as bbolt's: no damage, or only the data directory moved (the file the
+// store has open is intact wherever it now is).
+func (q *Queue) indexSound() bool {
+	var ce *CorruptIndexError
+	return !errors.As(q.damageErr(), &ce)
+}
+
+// runDamage holds the damage found at run time.
+type runDamage struct{ err error }
+
+// DirMovedError is the damage of a store whose data directory is no
+// longer at the path it was opened by: moved (renamed), removed, or
+// replaced by another directory, under the running store. The store stops
+// (every call fails, Damaged is closed) rather than go on at the old path:
+// a new log created there would split what is acknowledged between two
+// directories, one of them without an index. Nothing acknowledged is
+// lost: the moved directory holds it all, with its index.
+type DirMovedError struct {
+	Path string // the path the store was opened by
+	Now  string // the directory's path now, where the system can tell; "" if unknown or removed
+}
+
+// Is makes a DirMovedError queue.ErrUnavailable (HTTP 503, the worker
+// backs off).
+func (e *DirMovedError) Is(target error) bool { return target == queue.ErrUnavailable }
+
+func (e *DirMovedError) Error() string {
+	if e.Now != "" {
+		return fmt.Sprintf("the data directory %s was moved to %s under the running store: stop the process, then move the directory back or open it where it is now (it holds everything acknowledged, with its index)", e.Path, e.Now)
+	}
+	return fmt.Sprintf("the data directory %s was removed or replaced under the running store: stop the process; put the directory back (from where it was moved, or a backup: then run \"outbox doctor --rebuild\") before starting it again", e.Path)
+}
+
+// checkDir marks the store damaged (a *DirMovedError) when its data
+// directory's path no longer leads to the directory it opened, and
+// reports whether it is damaged that way. A path it cannot look up for
+// another reason (a permission, an I/O error) is not damage.
+func (q *Queue) checkDir() bool {
+	if q.dirInfo == nil {
+		return false
+	}
+	fi, err := os.Stat(q.dir)
+	switch {
+	case err == nil && os.SameFile(fi, q.dirInfo):
+		return false
+	case err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
+		return false
+	}
+	q.markDamaged(&DirMovedError{Path: q.dir, Now: q.dirNow()})
+	return true
+}
+
+// dirNow is where the data directory is now, from the path of the lock
+// file the store holds open (Linux's /proc); "" when removed or unknown.
+func (q *Queue) dirNow() string {
+	if q.lock == nil || q.lock.f == nil {
+		return ""
+	}
+	p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", q.lock.f.Fd()))
+	if err != nil || !filepath.IsAbs(p) || strings.HasSuffix(p, " (deleted)") {
+		return ""
+	}
+	return filepath.Dir(p)
+}
+
+// checkIndexFile marks the store damaged when its data directory moved
+// (checkDir), or when index.db is no longer the file the store has open:
+// removed (with its directory, perhaps) or replaced, renamed over, under
+// it. The store would go on writing to a file that no one opens again,
+// and everything it recorded would be lost at the next start. The tailer
+// runs it every indexCheckInterval.
 func (q *Queue) checkIndexFile() {
+	if q.checkDir() {
+		return
+	}
 	q.indexMu.Lock()
 	fi, err := os.Stat(q.indexPath())
 	open := q.indexFile
@@ -77,18 +155,19 @@ const indexCheckInterval = time.Second
 
 // damageErr is the damage found at run time, or nil.
 func (q *Queue) damageErr() error {
-	if ce := q.damage.Load(); ce != nil {
-		return ce
+	if d := q.damage.Load(); d != nil {
+		return d.err
 	}
 	return nil
 }
 
-// Damaged is closed when the store found its index damaged while running
-// (see DamageError); from then on every call fails. A process should
-// stop: the next Open checks the index.
+// Damaged is closed when the store found its index damaged, or its data
+// directory moved, while running (see DamageError); from then on every
+// call fails. A process should stop: the next Open checks the index.
 func (q *Queue) Damaged() <-chan struct{} { return q.damaged }
 
-// DamageError is the *CorruptIndexError that closed Damaged, or nil.
+// DamageError is the *CorruptIndexError or *DirMovedError that closed
+// Damaged, or nil.
 func (q *Queue) DamageError() error { return q.damageErr() }
 
 // Ping reports whether the store can serve calls (a readiness check): nil,

@@ -118,7 +118,7 @@ func TestIndexCutUnderRunningStore(t *testing.T) {
 // *CorruptIndexError that says what happened, and nothing more is
 // acknowledged. The logs rebuild what is left.
 func TestIndexRemovedUnderRunningStore(t *testing.T) {
-	for _, fault := range []string{"removed", "replaced", "directory-removed"} {
+	for _, fault := range []string{"removed", "replaced"} {
 		t.Run(fault, func(t *testing.T) {
 			ctx := context.Background()
 			dir := filepath.Join(t.TempDir(), "data")
@@ -145,8 +145,6 @@ func TestIndexRemovedUnderRunningStore(t *testing.T) {
 					}
 				}
 				reason = "the file was replaced under the running store"
-			case "directory-removed":
-				err = os.RemoveAll(dir)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -167,9 +165,6 @@ func TestIndexRemovedUnderRunningStore(t *testing.T) {
 				t.Errorf("Claim after the index was %s = %v, want the damage", fault, err)
 			}
 			q.Close()
-			if fault == "directory-removed" {
-				return
-			}
 			if _, err := filestore.Rebuild(dir, nil); err != nil {
 				t.Fatal(err)
 			}
@@ -183,5 +178,124 @@ func TestIndexRemovedUnderRunningStore(t *testing.T) {
 				t.Errorf("the refused envelope after the rebuild: %v", err)
 			}
 		})
+	}
+}
+
+// TestDataDirMovedUnderRunningStore: the data directory renamed, removed,
+// or renamed and replaced by an empty one, under the open store. An
+// enqueue for a user whose log is not open yet must fail as the store's
+// damage (503), never create logs at the old path (a second, index-less
+// store there, with acknowledged records in it); the periodic check stops
+// the store too. A moved directory holds everything acknowledged: opened
+// where it is now, it has every envelope.
+func TestDataDirMovedUnderRunningStore(t *testing.T) {
+	for _, fault := range []string{"moved", "moved-replaced", "removed", "moved-claim"} {
+		t.Run(fault, func(t *testing.T) {
+			ctx := context.Background()
+			base := t.TempDir()
+			dir := filepath.Join(base, "data")
+			q, err := filestore.Open(dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer q.Close()
+			for i := range 3 {
+				if _, err := q.Enqueue(ctx, queuetest.Reply(fmt.Sprintf("r%d", i), "u-1", "hi")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			moved := filepath.Join(base, "data.old")
+			switch fault {
+			case "moved", "moved-claim":
+				err = os.Rename(dir, moved)
+			case "moved-replaced":
+				if err = os.Rename(dir, moved); err == nil {
+					err = os.Mkdir(dir, 0o700)
+				}
+			case "removed":
+				err = os.RemoveAll(dir)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fault == "moved-claim" {
+				// A claim finds the logs missing: the store's damage, never
+				// the records lost (dead_letter record_lost).
+				_, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 3})
+				var me *filestore.DirMovedError
+				if !errors.As(err, &me) || !errors.Is(err, queue.ErrUnavailable) {
+					t.Fatalf("Claim after the data directory moved = %v, want a *DirMovedError", err)
+				}
+			}
+			for _, user := range []string{"u-new", "u-1"} {
+				_, err := q.Enqueue(ctx, queuetest.Reply("late-"+user, user, "hi"))
+				var me *filestore.DirMovedError
+				if !errors.As(err, &me) || !errors.Is(err, queue.ErrUnavailable) {
+					t.Fatalf("Enqueue for %s after the data directory was %s = %v, want a *DirMovedError, as queue.ErrUnavailable (503)", user, fault, err)
+				}
+				want := ""
+				if fault != "removed" {
+					want = moved
+				}
+				if me.Path != dir || me.Now != want {
+					t.Errorf("DirMovedError = %+v, want Path %s, Now %q", me, dir, want)
+				}
+				if want != "" && !strings.Contains(err.Error(), "moved to "+moved) {
+					t.Errorf("the error does not say where the directory is now: %v", err)
+				}
+			}
+			select {
+			case <-q.Damaged():
+			default:
+				t.Fatal("Damaged is not closed")
+			}
+			var left []string
+			_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+				if p != dir {
+					left = append(left, p)
+				}
+				return nil
+			})
+			if _, err := os.Stat(dir); fault != "moved-replaced" && !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the data directory's old path exists again: %v %v", err, left)
+			}
+			if len(left) > 0 {
+				t.Errorf("the store wrote at the old path: %v", left)
+			}
+			q.Close()
+			if fault == "removed" {
+				return
+			}
+			q = mustOpen(t, moved, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+			for i := range 3 {
+				got, err := q.Get(ctx, envelope.DefaultTenant, fmt.Sprintf("r%d", i))
+				if err != nil {
+					t.Errorf("r%d, opened where the directory is now: %v", i, err)
+				} else if st := got.Status; st != string(envelope.StatePending) {
+					t.Errorf("r%d, opened where the directory is now, is %s, want pending", i, st)
+				}
+			}
+		})
+	}
+}
+
+// TestDataDirMovedCheck: the periodic check (the tailer's) stops a store
+// whose data directory moved while nothing was enqueued.
+func TestDataDirMovedCheck(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "data")
+	q := mustOpen(t, dir, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+	defer q.Close()
+	if err := os.Rename(dir, filepath.Join(base, "elsewhere")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-q.Damaged():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the store runs on 10 s after its data directory moved")
+	}
+	var me *filestore.DirMovedError
+	if err := q.DamageError(); !errors.As(err, &me) || me.Now != filepath.Join(base, "elsewhere") {
+		t.Fatalf("DamageError = %v, want the move, naming where the directory is", err)
 	}
 }

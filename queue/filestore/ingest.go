@@ -203,6 +203,9 @@ func (q *Queue) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 			if errors.Is(err, ErrSymlink) {
 				q.reportLink(rel, err)
 			}
+			if errors.Is(err, applog.ErrDirGone) && q.checkDir() {
+				return nil, fmt.Errorf("enqueue: %w", q.damageErr())
+			}
 			return nil, fmt.Errorf("enqueue: append to log: %w", err)
 		}
 		done = append(done, written{rel, start, start + int64(len(buf))})

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -48,8 +49,9 @@ type Queue struct {
 	ops    chan *op
 	notify chan struct{}
 
-	damage  atomic.Pointer[CorruptIndexError] // found at run time (damage.go)
-	damaged chan struct{}                     // closed with damage
+	damage  atomic.Pointer[runDamage] // found at run time (damage.go)
+	damaged chan struct{}             // closed with damage
+	dirInfo os.FileInfo               // the data directory opened (checkDir)
 	// indexMu guards indexFile, the identity of the index file the store
 	// has open, against a swap (an Erase's rewrite) while it is checked.
 	indexMu   sync.Mutex
@@ -275,6 +277,7 @@ func openLocked(dir string, o Options, lk *dirLock) (_ *Queue, err error) {
 	}
 	q.db.Store(db)
 	q.indexFile, _ = os.Stat(path)
+	q.dirInfo, _ = os.Stat(dir)
 	q.app = applog.NewAppender(dir, logSyncer(o.NoSync))
 	q.m = newStoreMetrics(o.Registerer, dir)
 	if err := q.init(); err != nil {
@@ -475,13 +478,17 @@ func (q *Queue) Close() error {
 			q.releaseID()
 		}
 		removePID(q.dir)
-		if q.damageErr() == nil {
-			err = q.db.Load().Close()
-		} else {
+		switch {
+		case !q.indexSound():
 			// A fault inside a bbolt transaction may have left bbolt's
 			// locks held: its Close would wait for ever. The file and its
 			// mapping go with the process.
 			err = q.damageErr()
+		case q.damageErr() != nil: // the directory moved: the index is sound
+			_ = q.db.Load().Close()
+			err = q.damageErr()
+		default:
+			err = q.db.Load().Close()
 		}
 		if q.ownLock {
 			q.lock.release()
@@ -509,10 +516,10 @@ func (q *Queue) writeLoop() {
 	syncTimer.Stop()
 	unsynced := false
 	defer func() {
-		if q.damageErr() == nil {
-			if unsynced {
-				q.logSyncError(q.syncIndex())
-			}
+		if unsynced && q.damageErr() == nil {
+			q.logSyncError(q.syncIndex())
+		}
+		if q.indexSound() {
 			q.releasePin()
 		}
 	}()
@@ -806,7 +813,25 @@ func readPID(dir string) int {
 // record at its place that is another envelope's (its log was truncated
 // or replaced, and other records were appended at that offset) is an
 // error, like a missing one: it is never read as this envelope.
+//
+// A log missing because the whole data directory moved away under the
+// store says nothing of the record: that is the store's damage (a
+// *DirMovedError), which passing reports, never a lost record.
 func (q *Queue) readEnvelope(ek []byte, e *envRec) (*envelope.Envelope, error) {
+	env, err := q.readRecord(ek, e)
+	if err != nil && errors.Is(err, fs.ErrNotExist) && q.checkDir() {
+		return nil, fmt.Errorf("read envelope record: %w", q.damageErr())
+	}
+	return env, err
+}
+
+// passing reports whether err, from readEnvelope, says nothing of the
+// record: a resource ran out, or the store cannot serve now (its data
+// directory moved). The caller tries again later instead of judging the
+// record lost.
+func passing(err error) bool { return queue.Exhausted(err) || errors.Is(err, queue.ErrUnavailable) }
+
+func (q *Queue) readRecord(ek []byte, e *envRec) (*envelope.Envelope, error) {
 	key := cacheKey(e.Log, e.Off)
 	if env := q.cache.get(key); env != nil && isRecordOf(ek, env) {
 		// The log must still exist: a record whose log was deleted is

@@ -71,7 +71,7 @@ var (
 	// A store that cannot write says why, not internal_error: the
 	// messages name the condition only (no path, no id).
 	errStorageFull      = newError(http.StatusInsufficientStorage, CodeStorageFull, "storage full: the store's disk (or its database server's) has no space or no free inodes left, or its quota is used up; retry once space is freed")
-	errStoreUnavailable = newError(http.StatusServiceUnavailable, CodeUnavailable, "store unavailable: the store cannot serve calls now (its database cannot be reached or did not answer in time, or its index was damaged under it); retry later (an enqueue repeated with the same ids is safe: stored ones are answered as duplicates)")
+	errStoreUnavailable = newError(http.StatusServiceUnavailable, CodeUnavailable, "store unavailable: the store cannot serve calls now (its database cannot be reached or did not answer in time, or its index was damaged, or its data directory moved, under it); retry later (an enqueue repeated with the same ids is safe: stored ones are answered as duplicates)")
 	errStorageReadOnly  = newError(http.StatusServiceUnavailable, CodeStorageReadOnly, "storage read-only: the store does not accept writes (its file system is read-only, or its database is a standby or read-only); retry once it is writable again")
 	errExhausted        = &apiError{Status: http.StatusServiceUnavailable, Code: CodeOverloaded, RetryAfter: RetryAfterOverloaded,
 		Message: "overloaded: the service ran out of open files or memory (raise its limit of open files, LimitNOFILE or ulimit -n, if this lasts); retry after Retry-After"}

@@ -636,3 +636,64 @@ func TestAppender_ConcurrentAppendsWithEvictions(t *testing.T) {
 		t.Errorf("%d descriptors open (max %d), %d logs remembered (max %d)", open, maxOpen, remembered, maxGroups)
 	}
 }
+
+// TestAppenderNeverCreatesTheDataDir: an Appender creates what is missing
+// inside its data directory (a tenant's directory; logs/ removed under
+// it), but after the data directory moved, or was replaced by another,
+// it creates nothing at the old path: the append fails with ErrDirGone.
+func TestAppenderNeverCreatesTheDataDir(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "data")
+	if err := os.MkdirAll(filepath.Join(dir, Dir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	a := NewAppender(dir, nil)
+	defer a.Close()
+	if _, _, err := a.Append(RelPath("t1", "u1"), rec(1, 40), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, Dir)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.Append(RelPath("t1", "u1"), rec(2, 40), nil); err != nil {
+		t.Fatalf("append after logs/ was removed: %v (the data directory is still the same: make logs/ again)", err)
+	}
+	wantFile(t, Path(dir, "t1", "u1"), rec(2, 40))
+
+	for _, fault := range []string{"moved", "replaced"} {
+		if err := os.Rename(dir, filepath.Join(base, fault)); err != nil {
+			t.Fatal(err)
+		}
+		if fault == "replaced" {
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, user := range []string{"u1", "u2"} {
+			if _, _, err := a.Append(RelPath("t1", user), rec(3, 40), nil); !errors.Is(err, ErrDirGone) {
+				t.Errorf("append for %s after the data directory was %s = %v, want ErrDirGone", user, fault, err)
+			}
+		}
+		var made []string
+		_ = filepath.WalkDir(dir, func(p string, _ os.DirEntry, _ error) error {
+			if p != dir {
+				made = append(made, p)
+			}
+			return nil
+		})
+		if _, err := os.Lstat(dir); len(made) > 0 || (fault == "moved" && err == nil) {
+			t.Errorf("after the data directory was %s the appender made %s again: %v", fault, dir, made)
+		}
+		if fault == "replaced" {
+			os.Remove(dir)
+		}
+		if err := os.Rename(filepath.Join(base, fault), dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// AppendLocked (a foreign appender) still makes a new data directory.
+	fresh := filepath.Join(base, "fresh")
+	if _, err := AppendLocked(Path(fresh, "t1", "u1"), rec(4, 40), nil); err != nil {
+		t.Fatal(err)
+	}
+}

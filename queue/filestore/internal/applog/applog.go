@@ -147,8 +147,9 @@ type Syncer func(f *os.File) error
 // appends, closing the least recently used one (when idle) to open another.
 // It is safe for concurrent use.
 type Appender struct {
-	dir  string
-	sync Syncer // nil = no fsync (relaxed mode)
+	dir     string
+	dirInfo os.FileInfo // the data directory when made (mkdirIn)
+	sync    Syncer      // nil = no fsync (relaxed mode)
 
 	mu   sync.Mutex
 	logs map[string]*group
@@ -182,7 +183,8 @@ func openBudget() int {
 // NewAppender returns an appender for the logs under dataDir. sync nil
 // disables fsync (the relaxed durability mode).
 func NewAppender(dataDir string, sync Syncer) *Appender {
-	return &Appender{dir: dataDir, sync: sync, logs: map[string]*group{}, lru: list.New(), known: list.New()}
+	fi, _ := os.Stat(dataDir)
+	return &Appender{dir: dataDir, dirInfo: fi, sync: sync, logs: map[string]*group{}, lru: list.New(), known: list.New()}
 }
 
 // group batches the appends to one log.
@@ -357,11 +359,11 @@ func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, er
 			if !a.admit(g) {
 				// Every cached log is busy: append without caching.
 				g.end = -1
-				off, err := AppendLocked(path, buf, a.sync)
+				off, err := appendLockedIn(path, buf, a.sync, a.mkdirIn)
 				ino, _ := Inode(path)
 				return off, ino, err
 			}
-			f, dirs, err := openLog(path)
+			f, dirs, err := openLog(path, a.mkdirIn)
 			if err != nil {
 				a.release(g)
 				return 0, 0, err
@@ -669,8 +671,12 @@ func fileInode(f *os.File) (uint64, error) {
 // It needs no bbolt and no running daemon: foreign-process appenders (the
 // CLI's enqueue) use it directly.
 func AppendLocked(path string, buf []byte, sync Syncer) (int64, error) {
+	return appendLockedIn(path, buf, sync, mkdirAll)
+}
+
+func appendLockedIn(path string, buf []byte, sync Syncer, mkdir func(string) error) (int64, error) {
 	for {
-		f, dirs, err := openLog(path)
+		f, dirs, err := openLog(path, mkdir)
 		if err != nil {
 			return 0, err
 		}
@@ -697,11 +703,68 @@ func AppendLocked(path string, buf []byte, sync Syncer) (int64, error) {
 	}
 }
 
+// ErrDirGone is wrapped by the error of an Appender's append that would
+// have to create a directory while the data directory is no longer the
+// one the Appender was made for: moved, removed or replaced under the
+// running store. The Appender creates what is missing inside the data
+// directory (a tenant's directory, logs/), never the data directory
+// itself, nor anything at its old path: that would start a second,
+// index-less store there and split what is acknowledged between the two.
+var ErrDirGone = errors.New("the data directory was moved or removed under the running store")
+
+// mkdirAll creates a log's tenant directory and what is missing above it
+// (a foreign appender, AppendLocked: records appended before a store's
+// first Open are its first work).
+func mkdirAll(dir string) error { return os.MkdirAll(dir, 0o700) }
+
+// mkdirIn creates dir, and what is missing of its parents inside the
+// Appender's data directory (mkdirInside).
+func (a *Appender) mkdirIn(dir string) error { return mkdirInside(a.dir, a.dirInfo, dir) }
+
+// mkdirInside creates dir, and what is missing of its parents inside the
+// data directory dataDir, once it has checked that dataDir is still the
+// directory fi (nil: any).
+func mkdirInside(dataDir string, fi os.FileInfo, dir string) error {
+	now, err := os.Stat(dataDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) {
+		return err
+	}
+	if err != nil || (fi != nil && !os.SameFile(now, fi)) {
+		return fmt.Errorf("%s: %w", dataDir, ErrDirGone)
+	}
+	rel, err := filepath.Rel(dataDir, dir)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return fmt.Errorf("create %s: outside the data directory %s", dir, dataDir)
+	}
+	at := dataDir
+	for _, name := range strings.Split(rel, string(filepath.Separator)) {
+		at = filepath.Join(at, name)
+		if err := os.Mkdir(at, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// AppendIn is AppendLocked for the log rel of the data directory dataDir,
+// which must exist (fs.ErrNotExist): it creates what is missing inside it
+// (logs/, a tenant's directory), never dataDir itself, so that a foreign
+// appender given a wrong path, or a directory moved away under it, starts
+// no store that nothing reads.
+func AppendIn(dataDir, rel string, buf []byte, sync Syncer) (int64, error) {
+	fi, err := os.Stat(dataDir)
+	if err != nil {
+		return 0, err
+	}
+	return appendLockedIn(filepath.Join(dataDir, rel), buf, sync, func(dir string) error { return mkdirInside(dataDir, fi, dir) })
+}
+
 // openLog opens the log at path for appending, creating it and its
-// directory when missing. dirs are the directories whose entries it
-// created: they must be synced (syncDirs) before an append to the new file
-// is reported durable, or a machine crash could lose the file itself.
-func openLog(path string) (f *os.File, dirs []string, err error) {
+// directory (with mkdir) when missing. dirs are the directories whose
+// entries it created: they must be synced (syncDirs) before an append to
+// the new file is reported durable, or a machine crash could lose the file
+// itself.
+func openLog(path string, mkdir func(string) error) (f *os.File, dirs []string, err error) {
 	parent := filepath.Dir(path)
 	for {
 		// The common case, an existing log, without O_CREAT: that takes the
@@ -722,7 +785,7 @@ func openLog(path string) (f *os.File, dirs []string, err error) {
 			// Created meanwhile: open it.
 		case errors.Is(err, os.ErrNotExist) && dirs == nil:
 			// The tenant's directory is missing: its entry is in logs/.
-			if err := os.MkdirAll(parent, 0o700); err != nil {
+			if err := mkdir(parent); err != nil {
 				return nil, nil, fmt.Errorf("create log directory: %w", err)
 			}
 			dirs = append(dirs, filepath.Dir(parent))
