@@ -17,6 +17,9 @@ func TestCLI_RefusesAnotherUsersStore(t *testing.T) {
 		t.Skip("needs root to give the store's files to another user (CI runs as root)")
 	}
 	data := filepath.Join(t.TempDir(), "data")
+	if err := os.Mkdir(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	env := writeTemp(t, "e.json", string(replyJSON("first", "u1")))
 	if out, errs, code := runCmd(t, "enqueue", "--data", data, env); code != 0 {
 		t.Fatalf("enqueue into a new directory = %d %s %s", code, out, errs)

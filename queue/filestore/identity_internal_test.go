@@ -59,3 +59,24 @@ func TestIdentity_ACopyBesideItsOriginalIsRefused(t *testing.T) {
 	}
 	d.Close()
 }
+
+// The lock file removed under the process that holds the store: another
+// opener takes a new lock file, but the identity still tells it the store
+// is open, and it is refused as in use (not as a copy of itself).
+func TestIdentity_LockFileRemovedUnderItsHolder(t *testing.T) {
+	defer func(f func() int) { identityPID = f }(identityPID)
+	identityPID = func() int { return 1 }
+	dir := filepath.Join(t.TempDir(), "data")
+	storeWith(t, dir, 2)
+	q := openFault(t, dir)
+	defer q.Close()
+	held.Delete(q.markID)
+	if err := os.Remove(filepath.Join(dir, LockFile)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Open(dir, nil)
+	var ie *StoreInUseError
+	if !errors.As(err, &ie) || ie.PID != 1 {
+		t.Fatalf("Open beside a holder whose lock file was removed: %v, want *StoreInUseError naming pid 1", err)
+	}
+}

@@ -51,11 +51,25 @@ func claimIdentity(id, dir string) (release func(), err error) {
 		case !ok: // the holder has just let it go: claim it again
 		case pid == os.Getpid():
 			return func() {}, nil // this process, between a claim and its record
+		case sameDir(other, dir):
+			// Not a copy: this very directory, whose lock file was
+			// removed or replaced under its holder.
+			return nil, &StoreInUseError{Path: dir, PID: pid}
 		default:
 			return nil, &StoreCopyError{Path: dir, Other: other, PID: pid}
 		}
 	}
 	return func() {}, nil
+}
+
+// sameDir reports whether paths a and b lead to one directory.
+func sameDir(a, b string) bool {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	fb, err := os.Stat(b)
+	return err == nil && os.SameFile(fa, fb)
 }
 
 // held are the identities this process has claimed.

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/outboxhq/outbox/channels"
@@ -317,6 +318,45 @@ func storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), storeOpTimeout)
 }
 
+// storeRetryFirst is the first wait before a commit or release that the
+// store refused for a passing condition is tried again; it doubles up to
+// storeRetryMax.
+const (
+	storeRetryFirst = 20 * time.Millisecond
+	storeRetryMax   = time.Second
+)
+
+// untilStored runs op, the commit or release of l after its provider call
+// (or instead of it), again while the store refuses it for a passing
+// condition (open files or memory run out, the store unreachable for a
+// moment), until the lease is about to end, sctx's deadline passes or the
+// worker stops (ctx). An outcome not stored is left to the lease's expiry
+// and to reconciliation: a provider that cannot be asked (Telegram) makes
+// it unresolved, though the worker knew the answer.
+func (w *Worker) untilStored(ctx, sctx context.Context, l *queue.Lease, op func() error) error {
+	wait := storeRetryFirst
+	for {
+		err := op()
+		if err == nil || !(queue.Exhausted(err) || errors.Is(err, queue.ErrUnavailable)) || errors.Is(err, queue.ErrClosed) {
+			return err
+		}
+		if !l.ExpiresAt.IsZero() && l.ExpiresAt.Sub(w.now()) <= 2*wait {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-sctx.Done():
+			t.Stop()
+			return err
+		}
+		wait = min(2*wait, storeRetryMax)
+	}
+}
+
 // commit commits out for l and counts it. For a retryable outcome it reads
 // the row back: the store may have made it dead_letter (attempt limit), and
 // its due time is a hint for the loop's timer (and wakes the loop).
@@ -326,7 +366,7 @@ func (w *Worker) commit(ctx context.Context, l *queue.Lease, out queue.Outcome) 
 	}
 	sctx, cancel := storeContext(ctx)
 	defer cancel()
-	if err := w.leases.Commit(sctx, l, out); err != nil {
+	if err := w.untilStored(ctx, sctx, l, func() error { return w.leases.Commit(sctx, l, out) }); err != nil {
 		w.logStoreError(ctx, "commit", err)
 		return result{status: statusCommitFailed, class: storeClass(err)}
 	}
@@ -392,7 +432,7 @@ func (w *Worker) release(ctx context.Context, l *queue.Lease) result {
 	}
 	sctx, cancel := storeContext(ctx)
 	defer cancel()
-	if err := w.leases.Release(sctx, l); err != nil {
+	if err := w.untilStored(ctx, sctx, l, func() error { return w.leases.Release(sctx, l) }); err != nil {
 		w.logStoreError(ctx, "release", err)
 		return result{status: statusCommitFailed, class: storeClass(err)}
 	}
