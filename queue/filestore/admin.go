@@ -402,14 +402,18 @@ func uniq(in []string) []string {
 // that dies before the commit leaves their envelopes indexed, and the next
 // Prune deletes them again; none that dies after it leaves a log that no
 // envelope points at. Such a log left by an older build (which removed
-// the files after its commit) is removed too.
+// the files after its commit) is removed too. Then logs that pruned
+// records fill for the most part are rewritten without them (compactLogs).
 func (q *Queue) Prune(ctx context.Context) (int, error) {
 	n := 0
+	var rewrite []string
 	err := q.write(ctx, false, func(tx *bolt.Tx) error {
+		rewrite = rewrite[:0] // a retried transaction starts again
 		cutoff := q.opts.Now().Add(-q.opts.Retention).UnixNano()
 		type victim struct{ tenant, id string }
 		var victims []victim
 		logsLeft := map[string]int{}
+		live := map[string]int64{} // bytes of the records kept, by log
 		err := tx.Bucket(bktEnv).ForEach(func(k, v []byte) error {
 			var e envRec
 			if err := json.Unmarshal(v, &e); err != nil {
@@ -430,6 +434,8 @@ func (q *Queue) Prune(ctx context.Context) (int, error) {
 				t, id := splitEnvKey(k)
 				victims = append(victims, victim{t, id})
 				logsLeft[e.Log]--
+			} else {
+				live[e.Log] += int64(e.Len) + 1
 			}
 			return nil
 		})
@@ -446,10 +452,12 @@ func (q *Queue) Prune(ctx context.Context) (int, error) {
 		// now, or by a prune that died before removing it.
 		var empty []string
 		orphan := map[string]bool{}
-		_ = tx.Bucket(bktLogs).ForEach(func(k, _ []byte) error {
+		_ = tx.Bucket(bktLogs).ForEach(func(k, v []byte) error {
 			if left, ok := logsLeft[string(k)]; !ok || left == 0 {
 				empty = append(empty, string(k))
 				orphan[string(k)] = !ok
+			} else if q.worthRewriting(v, live[string(k)]) {
+				rewrite = append(rewrite, string(k))
 			}
 			return nil
 		})
@@ -463,5 +471,8 @@ func (q *Queue) Prune(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	faultAt("prune-committed")
+	if _, err := q.compactLogs(ctx, rewrite); err != nil {
+		return n, err
+	}
 	return n, nil
 }

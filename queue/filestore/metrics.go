@@ -12,6 +12,8 @@ type storeMetrics struct {
 	ingested    prometheus.Counter
 	quarantined prometheus.Counter
 	logResets   *prometheus.CounterVec
+	// logCompactions counts logs rewritten without their pruned records.
+	logCompactions prometheus.Counter
 }
 
 func newStoreMetrics(reg prometheus.Registerer, dir string) *storeMetrics {
@@ -25,8 +27,11 @@ func newStoreMetrics(reg prometheus.Registerer, dir string) *storeMetrics {
 		logResets: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_log_resets_total", Help: "Logs found replaced, truncated or rewritten under the store and indexed again from their start, by reason.",
 		}, []string{"reason"}),
+		logCompactions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_log_compactions_total", Help: "Logs rewritten without their pruned records, after a prune.",
+		}),
 	}
-	m.Metrics = queue.NewMetrics(reg, m.ingested, m.quarantined, m.logResets,
+	m.Metrics = queue.NewMetrics(reg, m.ingested, m.quarantined, m.logResets, m.logCompactions,
 		spaceGauge(dir, "space", func(sp space) float64 { return ratio(sp.bytes, sp.totalBytes) }),
 		spaceGauge(dir, "inodes", func(sp space) float64 { return ratio(sp.inodes, sp.totalInodes) }))
 	return m

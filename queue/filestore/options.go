@@ -43,7 +43,15 @@ type Options struct {
 	// fsynced. outbox serve sets it from its providers. The in-memory store
 	// ignores it.
 	UnsyncedClaims []envelope.Channel
+	// LogRewriteMin is the size from which a log whose pruned records
+	// fill at least half of it is rewritten without them after a prune
+	// (logs of users who are never idle would grow for ever otherwise).
+	// Default DefaultLogRewriteMin (1 MiB); negative: never.
+	LogRewriteMin int64
 }
+
+// DefaultLogRewriteMin is Options.LogRewriteMin's default.
+const DefaultLogRewriteMin = 1 << 20
 
 func (o *Options) withDefaults() Options {
 	var c Options
@@ -56,6 +64,9 @@ func (o *Options) withDefaults() Options {
 	}
 	if c.LockTimeout <= 0 {
 		c.LockTimeout = DefaultLockTimeout
+	}
+	if c.LogRewriteMin == 0 {
+		c.LogRewriteMin = DefaultLogRewriteMin
 	}
 	c.UnsyncedClaims = slices.Clone(c.UnsyncedClaims)
 	return c

@@ -52,6 +52,7 @@ type Queue struct {
 	damage  atomic.Pointer[runDamage] // found at run time (damage.go)
 	damaged chan struct{}             // closed with damage
 	dirInfo os.FileInfo               // the data directory opened (checkDir)
+	moved   movedRecs                 // where rewritten logs' records went (logcompact.go)
 	// indexMu guards indexFile, the identity of the index file the store
 	// has open, against a swap (an Erase's rewrite) while it is checked.
 	indexMu   sync.Mutex
@@ -224,6 +225,7 @@ func openLocked(dir string, o Options, lk *dirLock) (_ *Queue, err error) {
 	if err := checkNotLink(path); err != nil {
 		return nil, fmt.Errorf("open store index: %w", err)
 	}
+	removeCompactLeftovers(dir)
 	fresh := true
 	if fi, err := os.Stat(path); err == nil && fi.Size() > 0 {
 		fresh = false
@@ -832,6 +834,22 @@ func (q *Queue) readEnvelope(ek []byte, e *envRec) (*envelope.Envelope, error) {
 func passing(err error) bool { return queue.Exhausted(err) || errors.Is(err, queue.ErrUnavailable) }
 
 func (q *Queue) readRecord(ek []byte, e *envRec) (*envelope.Envelope, error) {
+	env, err := q.readRecordAt(ek, e)
+	if err != nil {
+		// Its log rewritten since e was read (logcompact.go): look where
+		// the record went.
+		if to, ok := q.moved.get(e.Log, e.Off); ok && to != e.Off {
+			now := *e
+			now.Off = to
+			if env, err2 := q.readRecordAt(ek, &now); err2 == nil {
+				return env, nil
+			}
+		}
+	}
+	return env, err
+}
+
+func (q *Queue) readRecordAt(ek []byte, e *envRec) (*envelope.Envelope, error) {
 	key := cacheKey(e.Log, e.Off)
 	if env := q.cache.get(key); env != nil && isRecordOf(ek, env) {
 		// The log must still exist: a record whose log was deleted is

@@ -58,9 +58,13 @@ func runChild(mode, dir, arg string) int {
 			}
 		}
 		return 0
-	case "prune-killed": // prune 48 hours from now, killed at fault point arg
+	case "prune-killed", "compact-killed": // prune 48 hours from now (compact: logs rewritten from 1 KiB), killed at fault point arg
 		filestore.KillAt(arg)
-		q, err := filestore.Open(dir, pruneOptions())
+		o := pruneOptions()
+		if mode == "compact-killed" {
+			o.LogRewriteMin = 1024
+		}
+		q, err := filestore.Open(dir, o)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1

@@ -794,7 +794,7 @@ func (m *model) SetConsent(ctx context.Context, tenant, userID string, f queue.C
 	var kept []queue.Suppression
 	for _, s := range c.Suppressions {
 		reOpt := s.Reason == envelope.ClassUnsubscribed &&
-			(s.Channel == envelope.ChannelEmail && f.DigestEnabled || s.Channel == envelope.ChannelPush && f.PushEnabled)
+			((s.Channel == envelope.ChannelEmail || s.Channel == envelope.ChannelWeCom) && f.DigestEnabled || s.Channel == envelope.ChannelPush && f.PushEnabled)
 		if !reOpt {
 			kept = append(kept, s)
 		}

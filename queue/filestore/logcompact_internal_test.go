@@ -1,0 +1,70 @@
+package filestore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/queuetest"
+	bolt "go.etcd.io/bbolt"
+)
+
+// A read that took a record's place from a transaction older than its
+// log's rewrite (an HTTP GET racing the hourly prune) still reads that
+// envelope's record, where the rewrite moved it, never another's.
+func TestLogCompaction_AnOlderReadFindsTheMovedRecord(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	var ahead atomic.Int64 // how far the store's clock is ahead
+	q, err := Open(dir, &Options{
+		Options:        queue.Options{Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }, Retention: time.Hour},
+		DisableWatcher: true, RescanInterval: -1, LogRewriteMin: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	pad := strings.Repeat("z", 100)
+	for i := range 10 {
+		if _, err := q.Enqueue(ctx, queuetest.Reply(fmt.Sprintf("m%d", i), "busy", fmt.Sprintf("text m%d %s", i, pad))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ls, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		if l.Key.EnvelopeID != "m8" {
+			if err := q.Commit(ctx, l, queue.Outcome{State: envelope.StateSent, Receipt: "r"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ek := envKey(envelope.DefaultTenant, "m8")
+	var old *envRec
+	if err := q.view(func(tx *bolt.Tx) error { old, err = getEnv(tx, ek); return err }); err != nil {
+		t.Fatal(err)
+	}
+	ahead.Store(int64(2 * time.Hour))
+	if _, err := q.Prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var now *envRec
+	if err := q.view(func(tx *bolt.Tx) error { now, err = getEnv(tx, ek); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if now.Off == old.Off {
+		t.Fatalf("m8 is still at offset %d: the log was not rewritten", old.Off)
+	}
+	q.cache = newEnvCache(envCacheSize) // the file, not the cache
+	env, err := q.readEnvelope(ek, old)
+	if err != nil || env.ID != "m8" {
+		t.Fatalf("a read with m8's place before the rewrite: %+v, %v", env, err)
+	}
+}
