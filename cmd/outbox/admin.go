@@ -166,10 +166,11 @@ func socketUp(dir string) bool {
 
 func runCompact(ctx context.Context, e *env, args []string) int {
 	s := newSettings("compact", e)
-	s.usage("Usage: outbox compact\n\nPrunes terminal rows older than the retention period, removes logs left\nempty, and (when outbox serve is not running) rewrites the index file compactly.\n\nFlags:\n")
+	s.usage("Usage: outbox compact\n\nPrunes terminal rows older than the retention period, removes logs left\nempty, rewrites logs that pruned records fill for the most part, and (when\noutbox serve is not running) rewrites the index file compactly.\n\nFlags:\n")
 	data := dataFlag(s)
 	db := addDBFlags(s)
 	retention := s.duration("retention", "OUTBOX_RETENTION", queue.DefaultRetention, "how long terminal rows are kept")
+	rewriteMin := logRewriteFlag(s)
 	if code, done := s.parse(args); done {
 		return code
 	}
@@ -197,7 +198,7 @@ func runCompact(ctx context.Context, e *env, args []string) int {
 	// One lock from the prune to the swap of the compacted file: a serve
 	// starting meanwhile fails with "in use" instead of opening the old
 	// file.
-	n, before, after, err := filestore.Compact(ctx, *data, &filestore.Options{Options: queue.Options{Retention: *retention}})
+	n, before, after, err := filestore.Compact(ctx, *data, &filestore.Options{Options: queue.Options{Retention: *retention}, LogRewriteMin: int64(*rewriteMin)})
 	if err != nil {
 		return fail(e, "%v", err)
 	}

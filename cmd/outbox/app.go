@@ -27,26 +27,28 @@ import (
 // appConfig is what serve and demo share: how to open the store and which
 // providers to build.
 type appConfig struct {
-	Data         string
-	PublicURL    string
-	NoSink       bool
-	Concurrency  int
-	Lease        time.Duration
-	Backoff      queue.Backoff
-	Retention    time.Duration
-	Rescan       time.Duration
-	Relaxed      bool
-	TemplatesDir string
-	Subscriber   string // VAPID subject
-	EmailFrom    string
-	EmailReplyTo string
-	ResendRate   float64
-	ResendPoll   time.Duration
-	TelegramURL  string
-	WeCom        weComConfig
-	Shutdown     time.Duration
-	SinkJournal  bool
-	Brand        render.Brand // checked by render.Brand.Normalize
+	Data        string
+	PublicURL   string
+	NoSink      bool
+	Concurrency int
+	Lease       time.Duration
+	Backoff     queue.Backoff
+	Retention   time.Duration
+	// LogRewriteMin is filestore.Options.LogRewriteMin.
+	LogRewriteMin int64
+	Rescan        time.Duration
+	Relaxed       bool
+	TemplatesDir  string
+	Subscriber    string // VAPID subject
+	EmailFrom     string
+	EmailReplyTo  string
+	ResendRate    float64
+	ResendPoll    time.Duration
+	TelegramURL   string
+	WeCom         weComConfig
+	Shutdown      time.Duration
+	SinkJournal   bool
+	Brand         render.Brand // checked by render.Brand.Normalize
 	// DatabaseURL, when set, puts the store in PostgreSQL (pgstore) instead
 	// of the files in Data; Data still holds the unsubscribe key and the sink.
 	DatabaseURL    string
@@ -208,7 +210,7 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	} else {
 		// Claims of channels whose provider redelivers idempotently skip
 		// their fsync (see queue.Options.UnsyncedClaims).
-		fq, err := filestore.Open(c.Data, &filestore.Options{Options: qo, RescanInterval: c.Rescan, NoSync: c.Relaxed, UnsyncedClaims: idempotentChannels(a.providers)})
+		fq, err := filestore.Open(c.Data, &filestore.Options{Options: qo, RescanInterval: c.Rescan, NoSync: c.Relaxed, LogRewriteMin: c.LogRewriteMin, UnsyncedClaims: idempotentChannels(a.providers)})
 		if err != nil {
 			return fail(err)
 		}

@@ -48,7 +48,7 @@ type serveFlags struct {
 	noSink, relaxed, sinkJournal                                                             *bool
 	concurrency, maxAttempts                                                                 *int
 	lease, backoffBase, backoffCap, retention, rescan, shutdown, resendPoll, seamLease       *time.Duration
-	maxBody, maxInflight                                                                     *int
+	maxBody, maxInflight, logRewriteMin                                                      *int
 	resendRate                                                                               *int
 	brand                                                                                    *brandFlags
 	db                                                                                       *dbFlags
@@ -67,6 +67,7 @@ func addServeFlags(s *settings) *serveFlags {
 	f.backoffBase = s.duration("backoff-base", "OUTBOX_BACKOFF_BASE", queue.DefaultBackoffBase, "first retry delay")
 	f.backoffCap = s.duration("backoff-cap", "OUTBOX_BACKOFF_CAP", queue.DefaultBackoffCap, "longest retry delay")
 	f.retention = s.duration("retention", "OUTBOX_RETENTION", queue.DefaultRetention, "how long terminal rows are kept")
+	f.logRewriteMin = logRewriteFlag(s)
 	f.rescan = s.duration("rescan", "OUTBOX_RESCAN_INTERVAL", filestore.DefaultRescanInterval, "how often every log is rescanned for missed appends")
 	f.relaxed = s.boolean("relaxed-durability", "OUTBOX_RELAXED_DURABILITY", false, "skip fsync (a machine crash can lose acknowledged envelopes)")
 	f.templates = s.str("templates", "OUTBOX_TEMPLATES", "", "directory of template overrides")
@@ -99,7 +100,7 @@ func (f *serveFlags) appConfig(log *slog.Logger, reg *prometheus.Registry, publi
 	return appConfig{
 		Data: *f.data, PublicURL: publicURL, NoSink: *f.noSink, Concurrency: *f.concurrency, Lease: *f.lease,
 		Backoff:   queue.Backoff{Base: *f.backoffBase, Cap: *f.backoffCap, MaxAttempts: *f.maxAttempts},
-		Retention: *f.retention, Rescan: *f.rescan, Relaxed: *f.relaxed, TemplatesDir: *f.templates,
+		Retention: *f.retention, LogRewriteMin: int64(*f.logRewriteMin), Rescan: *f.rescan, Relaxed: *f.relaxed, TemplatesDir: *f.templates,
 		Subscriber: *f.subscriber, EmailFrom: *f.emailFrom, EmailReplyTo: *f.replyTo,
 		ResendRate: float64(*f.resendRate), ResendPoll: *f.resendPoll, TelegramURL: *f.telegramURL,
 		WeCom: weComConfig{API: *f.wecomAPI, CorpID: *f.wecomCorp, AgentID: *f.wecomAgent, DailyCap: *f.wecomDailyCap,

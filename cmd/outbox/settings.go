@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/outboxhq/outbox/queue/filestore"
 	"os"
 	"strconv"
 	"strings"
@@ -106,6 +107,12 @@ func secret(e *env, name string) (string, error) {
 // dataFlag adds the --data flag every store command has.
 func dataFlag(s *settings) *string {
 	return s.str("data", "OUTBOX_DATA", "./data", "data directory")
+}
+
+// logRewriteFlag adds --log-rewrite-min (serve and compact prune).
+func logRewriteFlag(s *settings) *int {
+	return s.integer("log-rewrite-min", "OUTBOX_LOG_REWRITE_MIN", filestore.DefaultLogRewriteMin,
+		"file store: a log whose pruned records fill half of it is rewritten without them from this size in bytes (-1 = never)")
 }
 
 // tenantFlag adds the --tenant flag.

@@ -151,24 +151,27 @@ func (q *Queue) compactLogs(ctx context.Context, rels []string) (int, error) {
 	return n, nil
 }
 
-// compactLog rewrites log rel in tx with recs, the records the index
-// named when the log's entry in the logs bucket read was (see above). It
-// reports whether it did; false when the log changed since, or is busy:
+// compactLog rewrites log rel in tx (see above): with recs, the records
+// the index named when the log's entry in the logs bucket read was, those
+// of them it still names, then every line indexed since (what lies past
+// was's offset, up to the entry's offset now), as it is. It reports
+// whether it did; false when the log is another file than then, or busy:
 // left for the next prune.
 func (q *Queue) compactLog(tx *bolt.Tx, rel string, was []byte, recs []liveRec) (done bool, err error) {
 	logs := tx.Bucket(bktLogs)
-	v := logs.Get([]byte(rel))
-	off, ino, ok := logPos(v)
-	if !ok || !bytes.Equal(v, was) || len(recs) == 0 {
-		return false, nil // records indexed since, or a reset: not what was read
+	off, ino, ok := logPos(logs.Get([]byte(rel)))
+	from, wasIno, wasOK := logPos(was)
+	if !ok || !wasOK || ino != wasIno || off < from {
+		return false, nil // reset since: not the file that was read
 	}
+	keep := recs[:0:0]
 	for _, r := range recs {
 		e, err := getEnv(tx, r.ek)
 		if err != nil {
 			return false, err
 		}
-		if e == nil || e.Log != rel || e.Off != r.off {
-			return false, nil // erased or moved since
+		if e != nil && e.Log == rel && e.Off == r.off {
+			keep = append(keep, r) // else erased or pruned since
 		}
 	}
 	path := filepath.Join(q.dir, rel)
@@ -190,20 +193,19 @@ func (q *Queue) compactLog(tx *bolt.Tx, rel string, was []byte, recs []liveRec) 
 		if idle, ferr := applog.NothingPast(f, off); ferr != nil || !idle {
 			return // lines not indexed yet
 		}
-		to, nino, size := q.rewriteLog(f, path, recs)
+		to, base, nino, size := q.rewriteLog(f, path, keep, from, off)
 		if to == nil {
 			return
 		}
-		for _, r := range recs {
-			e, gerr := getEnv(tx, r.ek)
-			if gerr != nil {
-				err = gerr
+		for _, r := range keep {
+			if err = moveEnv(tx, r.ek, to[r.off]); err != nil {
 				return
 			}
-			e.Off = to[r.off]
-			if err = putEnv(tx, r.ek, e); err != nil {
-				return
-			}
+		}
+		// The lines indexed since the read: each record the index names
+		// there moves by the same distance.
+		if err = q.moveTail(tx, f, rel, from, off, base, to); err != nil {
+			return
 		}
 		if err = logs.Put([]byte(rel), append(u64(uint64(size)), u64(nino)...)); err != nil {
 			return
@@ -224,22 +226,64 @@ func (q *Queue) compactLog(tx *bolt.Tx, rel string, was []byte, recs []liveRec) 
 	return done, nil
 }
 
+// moveEnv sets the offset of envelope ek's record.
+func moveEnv(tx *bolt.Tx, ek []byte, off int64) error {
+	e, err := getEnv(tx, ek)
+	if err != nil || e == nil {
+		return err
+	}
+	e.Off = off
+	return putEnv(tx, ek, e)
+}
+
+// moveTail moves the index entries of the records of log rel that lie in
+// [from, end) of f, copied as they are to base onwards in the new file,
+// recording each move in to.
+func (q *Queue) moveTail(tx *bolt.Tx, f *os.File, rel string, from, end, base int64, to map[int64]int64) error {
+	if end == from {
+		return nil
+	}
+	tail := make([]byte, end-from)
+	if _, err := f.ReadAt(tail, from); err != nil && err != io.EOF {
+		return err
+	}
+	for _, ln := range applog.Lines(tail, from) {
+		ek := lineKey(ln.Data)
+		if ek == nil {
+			continue // not a record (quarantined, withdrawn): copied, never indexed
+		}
+		e, err := getEnv(tx, ek)
+		if err != nil {
+			return err
+		}
+		if e == nil || e.Log != rel || e.Off != ln.Off {
+			continue // a duplicate, or another log's
+		}
+		to[ln.Off] = base + ln.Off - from
+		if err := moveEnv(tx, ek, to[ln.Off]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // rewriteLog writes recs, read from f (the log at path, whose flock is
-// held), to a new file and renames it over path. It returns each record's
-// new offset by its old one, the new file's inode and size; a nil map when
-// nothing was changed: a record is not where the index says (left for
-// doctor), or the new file could not be written (a full disk: logged,
-// tried again at the next prune). Once the new file is under the log's
-// name the index must follow, whatever fails after.
-func (q *Queue) rewriteLog(f *os.File, path string, recs []liveRec) (map[int64]int64, uint64, int64) {
+// held), then f's bytes [tailFrom, tailTo) as they are, to a new file, and
+// renames it over path. It returns each record's new offset by its old
+// one, where the tail starts in the new file, the new file's inode and
+// size; a nil map when nothing was changed: a record is not where the
+// index says (left for doctor), or the new file could not be written (a
+// full disk: logged, tried again at the next prune). Once the new file is
+// under the log's name the index must follow, whatever fails after.
+func (q *Queue) rewriteLog(f *os.File, path string, recs []liveRec, tailFrom, tailTo int64) (map[int64]int64, int64, uint64, int64) {
 	tmp := path + compactExt
-	skip := func(err error) (map[int64]int64, uint64, int64) {
+	skip := func(err error) (map[int64]int64, int64, uint64, int64) {
 		_ = os.Remove(tmp)
 		if err != nil {
 			q.log.Warn("rewriting a log without its pruned records failed; it is tried again at the next prune",
 				"operation", "prune", "status", "error", "error", sysErr(err))
 		}
-		return nil, 0, 0
+		return nil, 0, 0, 0
 	}
 	out, err := applog.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -249,25 +293,38 @@ func (q *Queue) rewriteLog(f *os.File, path string, recs []liveRec) (map[int64]i
 	to := make(map[int64]int64, len(recs))
 	var at int64
 	var buf bytes.Buffer
+	flush := func() error {
+		_, err := out.Write(buf.Bytes())
+		buf.Reset()
+		return err
+	}
 	for _, r := range recs {
 		line := make([]byte, r.n+1)
 		if _, err := f.ReadAt(line, r.off); err != nil && err != io.EOF {
 			return skip(err)
 		}
-		if line[r.n] != '\n' || !lineIsRecord(line[:r.n], r.ek) {
+		if line[r.n] != '\n' || !bytes.Equal(lineKey(line[:r.n]), r.ek) {
 			return skip(nil)
 		}
 		to[r.off] = at
 		buf.Write(line)
 		at += int64(len(line))
 		if buf.Len() >= 1<<20 {
-			if _, err := out.Write(buf.Bytes()); err != nil {
+			if err := flush(); err != nil {
 				return skip(err)
 			}
-			buf.Reset()
 		}
 	}
-	if _, err := out.Write(buf.Bytes()); err != nil {
+	base := at
+	if tailTo > tailFrom {
+		tail := make([]byte, tailTo-tailFrom)
+		if _, err := f.ReadAt(tail, tailFrom); err != nil && err != io.EOF {
+			return skip(err)
+		}
+		buf.Write(tail)
+		at += int64(len(tail))
+	}
+	if err := flush(); err != nil {
 		return skip(err)
 	}
 	if !q.opts.NoSync {
@@ -291,7 +348,7 @@ func (q *Queue) rewriteLog(f *os.File, path string, recs []liveRec) (map[int64]i
 		}
 	}
 	faultAt("log-compact-renamed")
-	return to, ino, at
+	return to, base, ino, at
 }
 
 // sysErr is err's system error alone: a log's path holds its user's id.
@@ -303,19 +360,20 @@ func sysErr(err error) string {
 	return "not a system error"
 }
 
-// lineIsRecord reports whether line is the record of envelope key ek.
-func lineIsRecord(line, ek []byte) bool {
+// lineKey is the envelope key of a log line's record (its tenant and
+// id), or nil when the line is not JSON with an id.
+func lineKey(line []byte) []byte {
 	var id struct {
 		Tenant string `json:"tenant_id"`
 		ID     string `json:"id"`
 	}
-	if json.Unmarshal(line, &id) != nil {
-		return false
+	if json.Unmarshal(line, &id) != nil || id.ID == "" {
+		return nil
 	}
 	if id.Tenant == "" {
 		id.Tenant = envelope.DefaultTenant
 	}
-	return string(ek) == id.Tenant+"\x00"+id.ID
+	return envKey(id.Tenant, id.ID)
 }
 
 // hasKnown reports whether a record of log rel appended by this process
