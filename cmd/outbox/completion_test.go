@@ -90,7 +90,7 @@ func TestCompletion_BashCompletes(t *testing.T) {
 	}
 	// Every flag of a command, from its own flag set.
 	got := bashComplete(t, script, "outbox compact --")
-	if strings.Join(got, " ") != "--data --database-schema --database-url --retention" {
+	if strings.Join(got, " ") != "--data --database-schema --database-url --log-rewrite-min --retention" {
 		t.Errorf("compact's flags: %q", got)
 	}
 }

@@ -128,6 +128,7 @@ func (q *Queue) compactLogs(ctx context.Context, rels []string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	faultAt("log-compact-read")
 	n := 0
 	for _, rel := range rels {
 		if ctx.Err() != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/queuetest"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -66,5 +67,69 @@ func TestLogCompaction_AnOlderReadFindsTheMovedRecord(t *testing.T) {
 	env, err := q.readEnvelope(ek, old)
 	if err != nil || env.ID != "m8" {
 		t.Fatalf("a read with m8's place before the rewrite: %+v, %v", env, err)
+	}
+}
+
+// Records indexed between the read of a log's records and its rewrite (a
+// busy user's log) are carried over: each reads its own record after the
+// rewrite.
+func TestLogCompaction_RecordsIndexedSinceTheRead(t *testing.T) {
+	ctx := context.Background()
+	var ahead atomic.Int64
+	q, err := Open(t.TempDir(), &Options{
+		Options:        queue.Options{Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }, Retention: time.Hour},
+		DisableWatcher: true, RescanInterval: -1, LogRewriteMin: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	pad := strings.Repeat("z", 100)
+	enqueue := func(id string) {
+		t.Helper()
+		if _, err := q.Enqueue(ctx, queuetest.Reply(id, "busy", "text "+id+" "+pad)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 {
+		enqueue(fmt.Sprintf("m%d", i))
+	}
+	ls, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		if l.Key.EnvelopeID != "m8" && l.Key.EnvelopeID != "m9" {
+			if err := q.Commit(ctx, l, queue.Outcome{State: envelope.StateSent, Receipt: "r"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ahead.Store(int64(2 * time.Hour))
+	defer func() { faultHook = nil }()
+	faultHook = func(p string) {
+		if p != "log-compact-read" {
+			return
+		}
+		faultHook = nil
+		enqueue("late-1")
+		enqueue("late-2")
+		_ = q.view(func(*bolt.Tx) error { return nil }) // their index updates are written
+	}
+	if _, err := q.Prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(q.m.logCompactions); got != 1 {
+		t.Fatalf("%v log rewrites, want 1", got)
+	}
+	q.cache = newEnvCache(envCacheSize)
+	for _, id := range []string{"m8", "m9", "late-1", "late-2"} {
+		st, err := q.Get(ctx, envelope.DefaultTenant, id)
+		if err != nil || st.Envelope == nil || st.Envelope.ID != id {
+			t.Fatalf("Get %s after the rewrite: %+v, %v", id, st, err)
+		}
+	}
+	if rep, err := q.Check(); err != nil || !rep.OK() {
+		t.Fatalf("Check: %+v, %v", rep, err)
 	}
 }
