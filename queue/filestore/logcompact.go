@@ -194,6 +194,12 @@ func (q *Queue) compactLog(tx *bolt.Tx, rel string, was []byte, recs []liveRec) 
 		if idle, ferr := applog.NothingPast(f, off); ferr != nil || !idle {
 			return // lines not indexed yet
 		}
+		if withdrawnPast(tx, rel, from) {
+			// A withdrawn record in what would be copied as it is: a later
+			// reset of the new file (a crash before this commits) would
+			// index it. Rare (a failed batch in the last moments).
+			return
+		}
 		to, base, nino, size := q.rewriteLog(f, path, keep, from, off)
 		if to == nil {
 			return
@@ -225,6 +231,14 @@ func (q *Queue) compactLog(tx *bolt.Tx, rel string, was []byte, recs []liveRec) 
 		q.m.logCompactions.Inc()
 	}
 	return done, nil
+}
+
+// withdrawnPast reports whether log rel holds a withdrawn record (the
+// skip bucket) at or after offset from.
+func withdrawnPast(tx *bolt.Tx, rel string, from int64) bool {
+	prefix := []byte(rel + "\x00")
+	k, _ := tx.Bucket(bktSkip).Cursor().Seek(append(prefix, u64(uint64(from))...))
+	return k != nil && bytes.HasPrefix(k, prefix)
 }
 
 // moveEnv sets the offset of envelope ek's record.
