@@ -1,15 +1,21 @@
 package filestore
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	"github.com/outboxhq/outbox/queue/queuetest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	bolt "go.etcd.io/bbolt"
@@ -131,5 +137,75 @@ func TestLogCompaction_RecordsIndexedSinceTheRead(t *testing.T) {
 	}
 	if rep, err := q.Check(); err != nil || !rep.OK() {
 		t.Fatalf("Check: %+v, %v", rep, err)
+	}
+}
+
+// A rewrite that cannot be written (the disk full: the sync of the new
+// file fails) changes nothing: the prune succeeds, the log is the same
+// file with the same records, no rewrite is left behind, and the next
+// prune, with space again, rewrites it.
+func TestLogCompaction_DiskFullLeavesTheLog(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	var ahead atomic.Int64
+	var logs bytes.Buffer
+	q, err := Open(dir, &Options{
+		Options: queue.Options{Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }, Retention: time.Hour,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		DisableWatcher: true, RescanInterval: -1, LogRewriteMin: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	for i := range 10 {
+		if _, err := q.Enqueue(ctx, queuetest.Reply(fmt.Sprintf("m%d", i), "busy", fmt.Sprintf("text m%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ls, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		if l.Key.EnvelopeID != "m5" {
+			if err := q.Commit(ctx, l, queue.Outcome{State: envelope.StateSent, Receipt: "r"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ahead.Store(int64(2 * time.Hour))
+	path := LogPath(dir, "", "busy")
+	before, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(f func(*os.File) error) { syncRewrite = f }(syncRewrite)
+	syncRewrite = func(*os.File) error { return &os.PathError{Op: "fdatasync", Path: path + compactExt, Err: syscall.ENOSPC} }
+	if _, err := q.Prune(ctx); err != nil {
+		t.Fatalf("Prune with a full disk for the rewrite: %v", err)
+	}
+	after, err := os.Stat(path)
+	if err != nil || !os.SameFile(before, after) || after.Size() != before.Size() {
+		t.Fatalf("the log changed though its rewrite failed: %v", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "logs", "*", "*"+compactExt)); len(m) != 0 {
+		t.Fatalf("a failed rewrite left %v", m)
+	}
+	if l := logs.String(); !strings.Contains(l, "no space left on device") || strings.Contains(l, "busy") {
+		t.Fatalf("the failed rewrite's log line should name the system error and not the log (its user): %s", l)
+	}
+	if st, err := q.Get(ctx, "", "m5"); err != nil || st.Envelope == nil || st.Envelope.ID != "m5" {
+		t.Fatalf("m5 after the failed rewrite: %+v, %v", st, err)
+	}
+	syncRewrite = applog.Fdatasync
+	if _, err := q.Prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(q.m.logCompactions); got != 1 {
+		t.Fatalf("%v rewrites once there is space, want 1", got)
+	}
+	if st, err := q.Get(ctx, "", "m5"); err != nil || st.Envelope == nil || st.Envelope.ID != "m5" {
+		t.Fatalf("m5 after the rewrite: %+v, %v", st, err)
 	}
 }
