@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
@@ -23,9 +24,10 @@ import (
 // A user who is never idle keeps records in their log that are not pruned
 // yet, so the log is never emptied and removed (removeEmptiedLog): without
 // more it would grow for ever. After each prune, a log whose pruned
-// records take at least half of its indexed size (and at least
-// Options.LogRewriteMin bytes) is rewritten with only the records the index still
-// names, in their order, and the index is pointed at their new offsets.
+// records take at least half of its indexed size (and which holds at
+// least Options.LogRewriteMin bytes) is rewritten with only the records
+// the index still names, in their order, and the index is pointed at
+// their new offsets.
 //
 // The rewrite runs in the writer, one log per transaction, under the log's
 // Exclusive (no append of this process) and its flock (no other
@@ -43,8 +45,8 @@ import (
 //
 // A read that took a record's offset from a transaction older than the
 // rewrite finds another record, or the end of the file, there: moved
-// remembers where each record of a rewritten log went, until the next
-// prune, for such a read to look again (relocated).
+// remembers where each record of a rewritten log went, for a minute, for
+// such a read to look again.
 
 // compactExt is the suffix of a log's rewrite before it is renamed over
 // the log (ignored by the tailer, which reads only applog.Ext files).
@@ -60,32 +62,40 @@ type liveRec struct {
 // syncRewrite syncs a log's rewrite before its rename (tests fail it).
 var syncRewrite = applog.Fdatasync
 
-// movedRecs remembers where the records of rewritten logs went.
+// movedRecs remembers where the records of rewritten logs went, for
+// movedFor: a read's transaction is never that old.
 type movedRecs struct {
 	mu sync.Mutex
-	m  map[string]map[int64]int64 // log → old offset → new offset
+	m  map[string]movedLog
 }
+
+type movedLog struct {
+	to map[int64]int64 // old offset → new offset
+	at time.Time
+}
+
+const movedFor = time.Minute
 
 func (m *movedRecs) put(rel string, to map[int64]int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.m == nil {
-		m.m = map[string]map[int64]int64{}
+	now := time.Now()
+	for k, l := range m.m {
+		if now.Sub(l.at) > movedFor {
+			delete(m.m, k)
+		}
 	}
-	m.m[rel] = to
+	if m.m == nil {
+		m.m = map[string]movedLog{}
+	}
+	m.m[rel] = movedLog{to, now}
 }
 
 func (m *movedRecs) get(rel string, off int64) (int64, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	to, ok := m.m[rel][off]
+	to, ok := m.m[rel].to[off]
 	return to, ok
-}
-
-func (m *movedRecs) reset() {
-	m.mu.Lock()
-	m.m = nil
-	m.mu.Unlock()
 }
 
 // worthRewriting reports whether the log whose logs-bucket entry is v,
@@ -103,7 +113,6 @@ func (q *Queue) worthRewriting(v []byte, live int64) bool {
 // them. It returns how many it rewrote; a log that changed since the read,
 // or that it cannot rewrite now, is left for the next prune.
 func (q *Queue) compactLogs(ctx context.Context, rels []string) (int, error) {
-	q.moved.reset() // reads older than the last prune are done
 	if len(rels) == 0 {
 		return 0, nil
 	}
@@ -207,15 +216,17 @@ func (q *Queue) compactLog(tx *bolt.Tx, rel string, was []byte, recs []liveRec) 
 		if to == nil {
 			return
 		}
+		// The lines indexed since the read: each record the index names
+		// there moves by the same distance. First, while every entry
+		// still holds its old offset: a head record's new offset may be
+		// a tail line's old one.
+		if err = q.moveTail(tx, f, rel, from, off, base, to); err != nil {
+			return
+		}
 		for _, r := range keep {
 			if err = moveEnv(tx, r.ek, to[r.off]); err != nil {
 				return
 			}
-		}
-		// The lines indexed since the read: each record the index names
-		// there moves by the same distance.
-		if err = q.moveTail(tx, f, rel, from, off, base, to); err != nil {
-			return
 		}
 		if err = logs.Put([]byte(rel), append(u64(uint64(size)), u64(nino)...)); err != nil {
 			return

@@ -181,7 +181,9 @@ func TestLogCompaction_DiskFullLeavesTheLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func(f func(*os.File) error) { syncRewrite = f }(syncRewrite)
-	syncRewrite = func(*os.File) error { return &os.PathError{Op: "fdatasync", Path: path + compactExt, Err: syscall.ENOSPC} }
+	syncRewrite = func(*os.File) error {
+		return &os.PathError{Op: "fdatasync", Path: path + compactExt, Err: syscall.ENOSPC}
+	}
 	if _, err := q.Prune(ctx); err != nil {
 		t.Fatalf("Prune with a full disk for the rewrite: %v", err)
 	}
