@@ -182,6 +182,18 @@ func (q *Queue) flushJournal(tx *bolt.Tx) error {
 	if len(q.txJournal) == 0 {
 		return nil
 	}
+	if q.journalGone(tx) {
+		// Removed, replaced or cut under the running store: appending
+		// would leave a journal without the facts before it (a rebuild
+		// would lose them). The index, with this transaction's facts,
+		// is written as the journal instead, as Open would.
+		q.log.Warn("consent journal removed or replaced under the running store: written again from the index")
+		size, ino, err := q.snapshotJournal(tx)
+		if err != nil {
+			return fmt.Errorf("consent journal: %w", err)
+		}
+		return tx.Bucket(bktMeta).Put(keyJournal, journalPos(size, ino))
+	}
 	start, ino, err := q.app.Append(journalRel, q.txJournal, nil)
 	if err != nil {
 		return fmt.Errorf("append to the consent journal: %w", err)
@@ -195,6 +207,25 @@ func (q *Queue) flushJournal(tx *bolt.Tx) error {
 		}
 	}
 	return meta.Put(keyJournal, journalPos(end, ino))
+}
+
+// journalGone reports whether the journal the index applied is no longer
+// the file under its name (removed, another file, or cut shorter), other
+// than by this store's own rewrite (whose erase mark is in tx).
+func (q *Queue) journalGone(tx *bolt.Tx) bool {
+	meta := tx.Bucket(bktMeta)
+	off, applied, known := logPos(meta.Get(keyJournal))
+	if !known || applied == 0 || meta.Get(keyJournalErase) != nil {
+		return false
+	}
+	size, ino, err := applog.PathSize(JournalPath(q.dir))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return off > 0
+	case err != nil:
+		return false // the append reports it
+	}
+	return ino != applied || size < off
 }
 
 // journalDone runs in the writer after a transaction: a failed commit

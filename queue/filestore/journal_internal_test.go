@@ -322,3 +322,52 @@ func TestJournal_ReplacedByAnOlderCopy(t *testing.T) {
 		})
 	}
 }
+
+// The journal removed, replaced by an older copy, or cut, under the running
+// store, then a consent change: the journal is written again from the
+// index (with the change), not appended to as a file without the facts
+// before it, so that a rebuild from the logs and the journal keeps every
+// user's consent.
+func TestJournal_RemovedUnderTheRunningStore(t *testing.T) {
+	for _, how := range []string{"removed", "older copy", "cut"} {
+		t.Run(how, func(t *testing.T) {
+			dir := t.TempDir()
+			q := openFault(t, dir)
+			grant(t, q, "", "u-1")
+			old := readJournal(t, dir)
+			if err := q.Suppress(context.Background(), "", "u-1", unsubscribed); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			switch how {
+			case "removed":
+				err = os.Remove(JournalPath(dir))
+			case "cut":
+				err = os.Truncate(JournalPath(dir), int64(len(old)))
+			default:
+				tmp := JournalPath(dir) + ".restored"
+				if err = os.WriteFile(tmp, []byte(old), 0o600); err == nil {
+					err = os.Rename(tmp, JournalPath(dir))
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			grant(t, q, "", "u-2")
+			q.Close()
+			if rep, err := Check(dir); err != nil || !rep.OK() {
+				t.Fatalf("Check after the next consent change = %+v, %v", rep, err)
+			}
+			if _, err := Rebuild(dir, nil); err != nil {
+				t.Fatal(err)
+			}
+			q = openFault(t, dir)
+			if c, _ := q.Consent(context.Background(), "", "u-1"); !c.DigestEnabled || len(c.Suppressions) != 1 {
+				t.Fatalf("u-1's consent after a rebuild = %+v, want granted and unsubscribed", c)
+			}
+			if c, _ := q.Consent(context.Background(), "", "u-2"); !c.DigestEnabled {
+				t.Fatalf("u-2's consent after a rebuild = %+v, want granted", c)
+			}
+		})
+	}
+}
