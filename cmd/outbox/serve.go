@@ -294,6 +294,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	go func() { srvErr <- srv.Serve(ln) }()
 	if opSrv != nil {
 		go func() { srvErr <- opSrv.Serve(sock) }()
+		bg.Go(func() { keepSocket(runCtx, *f.data, opSrv, log) })
 	}
 	fmt.Fprintf(e.Stderr, "listening on http://%s\n", ln.Addr())
 
@@ -393,6 +394,37 @@ func listenOperator(dir string) (net.Listener, error) {
 		return nil, fmt.Errorf("operator socket: %s is not the socket just created with mode 0600", path)
 	}
 	return ln, nil
+}
+
+// socketCheckInterval is how often serve checks that its operator socket
+// is still there.
+const socketCheckInterval = 2 * time.Second
+
+// keepSocket makes the operator socket again when it was removed under
+// the running serve (a clean-up of the data directory): the operator
+// commands would otherwise find the store in use and no serve to ask. The
+// old listener is left open (closing it would unlink the new socket); the
+// server's shutdown closes both.
+func keepSocket(ctx context.Context, dir string, srv *http.Server, log *slog.Logger) {
+	t := time.NewTicker(socketCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := os.Lstat(filepath.Join(dir, SocketName)); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		ln, err := listenOperator(dir)
+		if err != nil {
+			log.Warn("the operator socket was removed under the running serve, and cannot be made again", "operation", "serve", "status", "error")
+			continue
+		}
+		log.Warn("the operator socket was removed under the running serve: made again", "operation", "serve", "status", "socket_restored")
+		go func() { _ = srv.Serve(ln) }()
+	}
 }
 
 // errSocketLink is the refusal of an operator socket path that is a

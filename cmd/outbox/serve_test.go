@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -118,5 +119,28 @@ func TestEnqueue_BesideServeReportsDuplicates(t *testing.T) {
 	}
 	if b, err := os.ReadFile(logs[0]); err != nil || bytes.Count(b, []byte("\n")) != 1 {
 		t.Errorf("the log holds %d records, want 1 (%v)", bytes.Count(b, []byte("\n")), err)
+	}
+}
+
+// The operator socket removed under a running serve (a clean-up of the
+// data directory): serve makes it again, and the operator commands reach
+// serve instead of finding the store in use.
+func TestServe_OperatorSocketRemovedIsMadeAgain(t *testing.T) {
+	bin := buildBinary(t)
+	data := t.TempDir()
+	d := startServe(t, bin, data, "socket-token-0123456789abcdef")
+	if err := os.Remove(filepath.Join(data, SocketName)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "outbox ls to reach serve again", func() bool {
+		_, code := outbox(t, bin, "ls", "--data", data)
+		return code == 0
+	})
+	if !strings.Contains(d.logs.String(), "the operator socket was removed under the running serve: made again") {
+		t.Errorf("serve did not say it made its socket again:\n%s", d.logs)
+	}
+	d.stop(t)
+	if _, err := os.Lstat(filepath.Join(data, SocketName)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the socket is left after serve stopped: %v", err)
 	}
 }
