@@ -78,6 +78,13 @@ type app struct {
 // buildApp builds the renderer, the providers whose configuration is
 // present (secrets from the environment only) and the sink for every other
 // channel (unless NoSink), then opens the store and builds the worker.
+// usedBefore reports whether an earlier serve used data directory dir: a
+// file store was opened in it, or a PostgreSQL store marked it.
+func usedBefore(dir string) bool {
+	marks, _ := filepath.Glob(pgMark(dir, "*"))
+	return !neverOpened(dir) || len(marks) > 0
+}
+
 func buildApp(e *env, c appConfig) (*app, error) {
 	var reg prometheus.Registerer
 	if c.Registry != nil {
@@ -95,9 +102,14 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	if err := checkOwner(c.Data); err != nil {
 		return fail(err)
 	}
+	_, kerr := os.Lstat(filepath.Join(c.Data, httpapi.KeyFile))
 	key, err := httpapi.LoadOrCreateKey(c.Data)
 	if err != nil {
 		return fail(err)
+	}
+	if errors.Is(kerr, os.ErrNotExist) && usedBefore(c.Data) {
+		c.Logger.Warn("the unsubscribe key "+filepath.Join(c.Data, httpapi.KeyFile)+" was missing from a data directory an earlier serve used: a new key was made, and the unsubscribe links of e-mails and pushes sent before it no longer work; put the old key back (from a backup of the data directory) and restart",
+			"operation", "serve", "status", "new_unsubscribe_key")
 	}
 	a.unsub = httpapi.NewUnsubscriber(key, c.PublicURL)
 	ro := &render.Options{UnsubscribeURL: a.unsub.URL, BaseURL: c.PublicURL, Brand: c.Brand}

@@ -144,3 +144,25 @@ func TestServe_OperatorSocketRemovedIsMadeAgain(t *testing.T) {
 		t.Errorf("the socket is left after serve stopped: %v", err)
 	}
 }
+
+// The unsubscribe key missing from a data directory an earlier serve used
+// (a restore that left it out): serve makes a new one and says that the
+// links of what was sent before no longer work, and how to fix it.
+func TestServe_MissingUnsubscribeKeyIsReported(t *testing.T) {
+	bin := buildBinary(t)
+	data := t.TempDir()
+	const token = "key-token-0123456789abcdef"
+	d := startServe(t, bin, data, token)
+	d.stop(t)
+	if strings.Contains(d.logs.String(), "new_unsubscribe_key") {
+		t.Fatalf("a new data directory's key was reported:\n%s", d.logs)
+	}
+	if err := os.Remove(filepath.Join(data, "unsubscribe.key")); err != nil {
+		t.Fatal(err)
+	}
+	d = startServe(t, bin, data, token)
+	d.stop(t)
+	if !strings.Contains(d.logs.String(), "was missing from a data directory an earlier serve used") {
+		t.Fatalf("serve did not report the missing key:\n%s", d.logs)
+	}
+}
