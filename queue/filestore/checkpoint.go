@@ -281,6 +281,7 @@ func (q *Queue) openCheckpoint() error {
 		return fmt.Errorf("open store: index checkpoint: %w", err)
 	}
 	q.ckptF, q.ckptSeq = f, c.seq
+	noteOpen(&q.ckptInfo, f)
 	if q.pinOff { // no checkpoint of this file will be kept: none may be applied
 		seq, err := dropCheckpoint(q.dir)
 		if err != nil {

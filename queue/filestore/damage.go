@@ -133,6 +133,7 @@ func (q *Queue) checkIndexFile() {
 	if q.checkDir() {
 		return
 	}
+	defer q.checkMarkFiles()
 	q.indexMu.Lock()
 	fi, err := os.Stat(q.indexPath())
 	open := q.indexFile

@@ -182,6 +182,7 @@ func (q *Queue) openMark(fresh bool) error {
 	}
 	_ = f.Truncate(int64(markLen))
 	q.markF = f
+	noteOpen(&q.markInfo, f)
 	q.markDurable()
 	return nil
 }

@@ -64,6 +64,9 @@ type Queue struct {
 	markGen   uint64
 	carryID   string
 	markF     *os.File
+	// markInfo and ckptInfo are the files markF and ckptF as opened, for
+	// the tailer's check (markfiles.go) without the writer's fields.
+	markInfo, ckptInfo atomic.Pointer[os.FileInfo]
 	lastTx    uint64
 	durableTx uint64 // the txid in the mark
 	// The index checkpoint (checkpoint.go), writer only: its file, the
