@@ -60,15 +60,15 @@ type Queue struct {
 	// The index's identity (MarkFile): its id; the id a rebuilt index
 	// takes (carryID, Rebuild's); the mark file, and the last transaction
 	// id the writer committed (writer only).
-	markID    string
-	markGen   uint64
-	carryID   string
-	markF     *os.File
+	markID  string
+	markGen uint64
+	carryID string
+	markF   *os.File
 	// markInfo and ckptInfo are the files markF and ckptF as opened, for
 	// the tailer's check (markfiles.go) without the writer's fields.
 	markInfo, ckptInfo atomic.Pointer[os.FileInfo]
-	lastTx    uint64
-	durableTx uint64 // the txid in the mark
+	lastTx             uint64
+	durableTx          uint64 // the txid in the mark
 	// The index checkpoint (checkpoint.go), writer only: its file, the
 	// sequence number of its last slot written, the read transaction that
 	// pins it, and whether pinning stopped (past pinLimit).
