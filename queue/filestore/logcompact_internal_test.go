@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -21,24 +23,25 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// A read that took a record's place from a transaction older than its
-// log's rewrite (an HTTP GET racing the hourly prune) still reads that
-// envelope's record, where the rewrite moved it, never another's.
-func TestLogCompaction_AnOlderReadFindsTheMovedRecord(t *testing.T) {
-	ctx := context.Background()
-	dir := t.TempDir()
-	var ahead atomic.Int64 // how far the store's clock is ahead
-	q, err := Open(dir, &Options{
-		Options:        queue.Options{Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }, Retention: time.Hour},
-		DisableWatcher: true, RescanInterval: -1, LogRewriteMin: 1,
-	})
+// busyStore opens a store in a new directory whose clock runs ahead by
+// what ahead holds, with an hour's retention and rewrites from any size.
+func busyStore(t *testing.T, ahead *atomic.Int64, logger *slog.Logger) *Queue {
+	t.Helper()
+	o := queue.Options{Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }, Retention: time.Hour, Logger: logger}
+	q, err := Open(t.TempDir(), &Options{Options: o, DisableWatcher: true, RescanInterval: -1, LogRewriteMin: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer q.Close()
-	pad := strings.Repeat("z", 100)
+	t.Cleanup(func() { q.Close() })
+	return q
+}
+
+// fillBusy enqueues m0 … m9 for user busy and sends all but keep.
+func fillBusy(t *testing.T, q *Queue, text string, keep ...string) {
+	t.Helper()
+	ctx := context.Background()
 	for i := range 10 {
-		if _, err := q.Enqueue(ctx, queuetest.Reply(fmt.Sprintf("m%d", i), "busy", fmt.Sprintf("text m%d %s", i, pad))); err != nil {
+		if _, err := q.Enqueue(ctx, queuetest.Reply(fmt.Sprintf("m%d", i), "busy", fmt.Sprintf("text m%d %s", i, text))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -47,15 +50,25 @@ func TestLogCompaction_AnOlderReadFindsTheMovedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, l := range ls {
-		if l.Key.EnvelopeID != "m8" {
+		if !slices.Contains(keep, l.Key.EnvelopeID) {
 			if err := q.Commit(ctx, l, queue.Outcome{State: envelope.StateSent, Receipt: "r"}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
+}
+
+// A read that took a record's place from a transaction older than its
+// log's rewrite (an HTTP GET racing the hourly prune) still reads that
+// envelope's record, where the rewrite moved it, never another's.
+func TestLogCompaction_AnOlderReadFindsTheMovedRecord(t *testing.T) {
+	ctx := context.Background()
+	var ahead atomic.Int64
+	q := busyStore(t, &ahead, discardLog)
+	fillBusy(t, q, strings.Repeat("z", 100), "m8")
 	ek := envKey(envelope.DefaultTenant, "m8")
 	var old *envRec
-	if err := q.view(func(tx *bolt.Tx) error { old, err = getEnv(tx, ek); return err }); err != nil {
+	if err := q.view(func(tx *bolt.Tx) (err error) { old, err = getEnv(tx, ek); return err }); err != nil {
 		t.Fatal(err)
 	}
 	ahead.Store(int64(2 * time.Hour))
@@ -63,7 +76,7 @@ func TestLogCompaction_AnOlderReadFindsTheMovedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	var now *envRec
-	if err := q.view(func(tx *bolt.Tx) error { now, err = getEnv(tx, ek); return err }); err != nil {
+	if err := q.view(func(tx *bolt.Tx) (err error) { now, err = getEnv(tx, ek); return err }); err != nil {
 		t.Fatal(err)
 	}
 	if now.Off == old.Off {
@@ -82,14 +95,7 @@ func TestLogCompaction_AnOlderReadFindsTheMovedRecord(t *testing.T) {
 func TestLogCompaction_RecordsIndexedSinceTheRead(t *testing.T) {
 	ctx := context.Background()
 	var ahead atomic.Int64
-	q, err := Open(t.TempDir(), &Options{
-		Options:        queue.Options{Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }, Retention: time.Hour},
-		DisableWatcher: true, RescanInterval: -1, LogRewriteMin: 1,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
+	q := busyStore(t, &ahead, discardLog)
 	pad := strings.Repeat("z", 100)
 	enqueue := func(id string) {
 		t.Helper()
@@ -97,20 +103,7 @@ func TestLogCompaction_RecordsIndexedSinceTheRead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i := range 10 {
-		enqueue(fmt.Sprintf("m%d", i))
-	}
-	ls, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range ls {
-		if l.Key.EnvelopeID != "m8" && l.Key.EnvelopeID != "m9" {
-			if err := q.Commit(ctx, l, queue.Outcome{State: envelope.StateSent, Receipt: "r"}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	fillBusy(t, q, pad, "m8", "m9")
 	ahead.Store(int64(2 * time.Hour))
 	defer func() { faultHook = nil }()
 	faultHook = func(p string) {
@@ -146,34 +139,11 @@ func TestLogCompaction_RecordsIndexedSinceTheRead(t *testing.T) {
 // prune, with space again, rewrites it.
 func TestLogCompaction_DiskFullLeavesTheLog(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
 	var ahead atomic.Int64
 	var logs bytes.Buffer
-	q, err := Open(dir, &Options{
-		Options: queue.Options{Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }, Retention: time.Hour,
-			Logger: slog.New(slog.NewTextHandler(&logs, nil))},
-		DisableWatcher: true, RescanInterval: -1, LogRewriteMin: 1,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
-	for i := range 10 {
-		if _, err := q.Enqueue(ctx, queuetest.Reply(fmt.Sprintf("m%d", i), "busy", fmt.Sprintf("text m%d", i))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ls, err := q.Claim(ctx, queue.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range ls {
-		if l.Key.EnvelopeID != "m5" {
-			if err := q.Commit(ctx, l, queue.Outcome{State: envelope.StateSent, Receipt: "r"}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	q := busyStore(t, &ahead, slog.New(slog.NewTextHandler(&logs, nil)))
+	dir := q.Dir()
+	fillBusy(t, q, "", "m5")
 	ahead.Store(int64(2 * time.Hour))
 	path := LogPath(dir, "", "busy")
 	before, err := os.Stat(path)
@@ -211,3 +181,5 @@ func TestLogCompaction_DiskFullLeavesTheLog(t *testing.T) {
 		t.Fatalf("m5 after the rewrite: %+v, %v", st, err)
 	}
 }
+
+var discardLog = slog.New(slog.NewTextHandler(io.Discard, nil))

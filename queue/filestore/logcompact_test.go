@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,19 +17,6 @@ import (
 	"github.com/outboxhq/outbox/queue/filestore"
 	"github.com/outboxhq/outbox/queue/queuetest"
 )
-
-// manualClock is a clock the test moves.
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *manualClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *manualClock) add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // sendAll claims every due row and commits it sent, except the envelopes
 // whose id starts with "keep-", whose leases are given back.
@@ -83,7 +69,7 @@ func logSize(t *testing.T, dir, user string) int64 {
 func TestLogCompaction_AnActiveUsersLogStaysBounded(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	clock := &manualClock{now: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
+	clock := queuetest.NewClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
 	opts := &filestore.Options{Options: queue.Options{Now: clock.Now, Retention: time.Hour}, DisableWatcher: true, RescanInterval: -1, LogRewriteMin: 4096}
 	q := mustOpen(t, dir, opts)
 	pad := strings.Repeat("x", 200)
@@ -105,7 +91,7 @@ func TestLogCompaction_AnActiveUsersLogStaysBounded(t *testing.T) {
 			round = logSize(t, dir, "busy")
 		}
 		sendAll(t, q)
-		clock.add(30 * time.Minute)
+		clock.Advance(30 * time.Minute)
 		if _, err := q.Prune(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync/atomic"
 
+	"github.com/outboxhq/outbox/queue"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -44,7 +45,7 @@ func (q *Queue) checkMarkFiles() {
 	if !goneFrom(markPath(q.dir), q.markInfo.Load()) && !goneFrom(filepath.Join(q.dir, CheckpointFile), q.ckptInfo.Load()) {
 		return
 	}
-	if err := q.write(context.Background(), false, func(*bolt.Tx) error { return q.remakeMarkFiles() }); err != nil && !errors.Is(err, context.Canceled) {
+	if err := q.write(context.Background(), false, func(*bolt.Tx) error { return q.remakeMarkFiles() }); err != nil && !errors.Is(err, queue.ErrClosed) && q.damageErr() == nil {
 		q.log.Warn("index.mark or index.checkpoint was removed or replaced under the running store and could not be made again; it is tried again", "operation", "index", "status", "error", "error", sysErr(err))
 	}
 }
