@@ -1300,6 +1300,9 @@ func (dr *faultDrill) finish() {
 	}
 	dr.stopServe()
 	doctorOut, doctorCode, _ := dr.run("doctor", "--data", dr.data)
+	if doctorCode != 0 {
+		t.Logf("final outbox doctor = %d:\n%s", doctorCode, doctorOut)
+	}
 
 	q, err := filestore.Open(dr.data, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
 	if err != nil {
