@@ -37,6 +37,11 @@ func TestFault_TooManyOpenFiles(t *testing.T) {
 	if d == nil {
 		t.Fatalf("serve:\n%s", out)
 	}
+	t.Cleanup(func() {
+		if t.Failed() { // what serve did, for a failure that does not repeat
+			t.Logf("serve's last log lines:\n%s", lastLines(d.logs.String(), 80))
+		}
+	})
 	const n = 150
 	var (
 		mu       sync.Mutex
@@ -102,6 +107,11 @@ func TestFault_TooManyOpenFiles(t *testing.T) {
 	logs := d.logs.String()
 	if os.Getenv("NOFILE_DEBUG") != "" {
 		t.Logf("logs:\n%s", logs)
+	}
+	// A claim whose sync failed for want of a descriptor, given up, leaves
+	// its leases to expire and be reconciled (Telegram's: unresolved).
+	if strings.Contains(logs, `"operation":"reconcile"`) {
+		t.Errorf("leases were left to expire and be reconciled though serve knew what it had claimed:\n%s", logs)
 	}
 	for _, bad := range []string{"record_lost", `"dead_letter"`, "internal_error"} {
 		if strings.Contains(logs, bad) {

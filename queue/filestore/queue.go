@@ -617,8 +617,15 @@ func (q *Queue) writeLoop() {
 		} else if !skipSync {
 			// Acknowledged once a checkpoint covers it. A failed sync
 			// fails the ops, whose changes are committed: like any write
-			// whose fate is unknown, they are reconciled.
+			// whose fate is unknown, they are reconciled. A sync that
+			// failed for want of a descriptor or memory (a burst) is
+			// tried again first: a claim failed that way leaves its
+			// leases to expire and be reconciled.
 			err = q.syncIndex()
+			for try := 0; err != nil && queue.Exhausted(err) && try < syncRetries; try++ {
+				time.Sleep(time.Duration(5<<try) * time.Millisecond)
+				err = q.syncIndex()
+			}
 			q.logSyncError(err)
 		}
 		if err == nil {
@@ -640,6 +647,10 @@ func (q *Queue) writeLoop() {
 		}
 	}
 }
+
+// syncRetries bounds the tries of a sync that failed for a passing
+// shortage (queue.Exhausted), 5 ms doubling: 155 ms in all.
+const syncRetries = 5
 
 // logSyncer is how the store syncs logs: not at all in relaxed mode
 // (noSync).
