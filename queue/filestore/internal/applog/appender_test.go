@@ -697,3 +697,42 @@ func TestAppenderNeverCreatesTheDataDir(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// logs/ removed under an Appender and made again: the data directory's
+// entry for it is synced too before the append is reported durable, or a
+// machine crash could take logs/ and the new log with it.
+func TestAppenderSyncsTheEntryOfLogsMadeAgain(t *testing.T) {
+	var mu sync.Mutex
+	var synced []string
+	orig := syncDir
+	t.Cleanup(func() { syncDir = orig })
+	syncDir = func(f *os.File) error {
+		mu.Lock()
+		defer mu.Unlock()
+		synced = append(synced, f.Name())
+		return nil
+	}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, Dir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	a := NewAppender(dir, func(*os.File) error { return nil })
+	defer a.Close()
+	if err := os.RemoveAll(filepath.Join(dir, Dir)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.Append(RelPath("t1", "u1"), rec(1, 40), nil); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, want := range []string{dir, filepath.Join(dir, Dir), filepath.Dir(Path(dir, "t1", "u1"))} {
+		found := false
+		for _, s := range synced {
+			found = found || s == want
+		}
+		if !found {
+			t.Errorf("%s not synced after logs/ was made again (synced %v)", want, synced)
+		}
+	}
+}

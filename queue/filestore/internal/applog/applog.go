@@ -674,7 +674,7 @@ func AppendLocked(path string, buf []byte, sync Syncer) (int64, error) {
 	return appendLockedIn(path, buf, sync, mkdirAll)
 }
 
-func appendLockedIn(path string, buf []byte, sync Syncer, mkdir func(string) error) (int64, error) {
+func appendLockedIn(path string, buf []byte, sync Syncer, mkdir func(string) ([]string, error)) (int64, error) {
 	for {
 		f, dirs, err := openLog(path, mkdir)
 		if err != nil {
@@ -715,35 +715,47 @@ var ErrDirGone = errors.New("the data directory was moved or removed under the r
 // mkdirAll creates a log's tenant directory and what is missing above it
 // (a foreign appender, AppendLocked: records appended before a store's
 // first Open are its first work).
-func mkdirAll(dir string) error { return os.MkdirAll(dir, 0o700) }
+func mkdirAll(dir string) ([]string, error) {
+	return []string{filepath.Dir(dir)}, os.MkdirAll(dir, 0o700)
+}
 
 // mkdirIn creates dir, and what is missing of its parents inside the
 // Appender's data directory (mkdirInside).
-func (a *Appender) mkdirIn(dir string) error { return mkdirInside(a.dir, a.dirInfo, dir) }
+func (a *Appender) mkdirIn(dir string) ([]string, error) { return mkdirInside(a.dir, a.dirInfo, dir) }
 
 // mkdirInside creates dir, and what is missing of its parents inside the
 // data directory dataDir, once it has checked that dataDir is still the
-// directory fi (nil: any).
-func mkdirInside(dataDir string, fi os.FileInfo, dir string) error {
+// directory fi (nil: any). It returns the directories whose entries
+// changed (dir's parent always, as os.MkdirAll's caller assumes).
+func mkdirInside(dataDir string, fi os.FileInfo, dir string) ([]string, error) {
 	now, err := os.Stat(dataDir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) {
-		return err
+		return nil, err
 	}
 	if err != nil || (fi != nil && !os.SameFile(now, fi)) {
-		return fmt.Errorf("%s: %w", dataDir, ErrDirGone)
+		return nil, fmt.Errorf("%s: %w", dataDir, ErrDirGone)
 	}
 	rel, err := filepath.Rel(dataDir, dir)
 	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
-		return fmt.Errorf("create %s: outside the data directory %s", dir, dataDir)
+		return nil, fmt.Errorf("create %s: outside the data directory %s", dir, dataDir)
 	}
+	var made []string
 	at := dataDir
 	for _, name := range strings.Split(rel, string(filepath.Separator)) {
+		parent := at
 		at = filepath.Join(at, name)
-		if err := os.Mkdir(at, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-			return err
+		err := os.Mkdir(at, 0o700)
+		switch {
+		case err == nil:
+			made = append(made, parent)
+		case !errors.Is(err, os.ErrExist):
+			return nil, err
 		}
 	}
-	return nil
+	if len(made) == 0 {
+		made = []string{filepath.Dir(dir)} // made meanwhile by another appender
+	}
+	return made, nil
 }
 
 // AppendIn is AppendLocked for the log rel of the data directory dataDir,
@@ -756,7 +768,7 @@ func AppendIn(dataDir, rel string, buf []byte, sync Syncer) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return appendLockedIn(filepath.Join(dataDir, rel), buf, sync, func(dir string) error { return mkdirInside(dataDir, fi, dir) })
+	return appendLockedIn(filepath.Join(dataDir, rel), buf, sync, func(dir string) ([]string, error) { return mkdirInside(dataDir, fi, dir) })
 }
 
 // openLog opens the log at path for appending, creating it and its
@@ -764,7 +776,7 @@ func AppendIn(dataDir, rel string, buf []byte, sync Syncer) (int64, error) {
 // entries it created: they must be synced (syncDirs) before an append to
 // the new file is reported durable, or a machine crash could lose the file
 // itself.
-func openLog(path string, mkdir func(string) error) (f *os.File, dirs []string, err error) {
+func openLog(path string, mkdir func(string) ([]string, error)) (f *os.File, dirs []string, err error) {
 	parent := filepath.Dir(path)
 	for {
 		// The common case, an existing log, without O_CREAT: that takes the
@@ -784,11 +796,13 @@ func openLog(path string, mkdir func(string) error) (f *os.File, dirs []string, 
 		case errors.Is(err, os.ErrExist):
 			// Created meanwhile: open it.
 		case errors.Is(err, os.ErrNotExist) && dirs == nil:
-			// The tenant's directory is missing: its entry is in logs/.
-			if err := mkdir(parent); err != nil {
+			// The tenant's directory is missing: its entry is in logs/
+			// (and logs/'s in the data directory, when it was made too).
+			made, err := mkdir(parent)
+			if err != nil {
 				return nil, nil, fmt.Errorf("create log directory: %w", err)
 			}
-			dirs = append(dirs, filepath.Dir(parent))
+			dirs = append(dirs, made...)
 		default:
 			return nil, nil, fmt.Errorf("open log: %w", err)
 		}
