@@ -50,7 +50,10 @@ type Config struct {
 	// within it (default 30s).
 	Lease time.Duration
 	// ClaimBatch is how many rows one claim transaction leases at most
-	// (default Concurrency; never more than the free slots).
+	// for the free slots (default Concurrency; never more than those).
+	// Rows of channels whose provider redelivers idempotently and that
+	// have no rate limit are also claimed ahead, up to 8 per slot, and
+	// wait in the worker for a slot (see the package documentation).
 	ClaimBatch int
 	// RateLimits limits each channel's provider calls per second (optional;
 	// a missing or rate.Inf entry means unlimited).

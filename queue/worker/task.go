@@ -140,8 +140,9 @@ func (w *Worker) deliverLease(ctx context.Context, l *queue.Lease, callDone func
 	if w.flights.note(l, true, nil, false) {
 		return result{status: statusRecovered} // recovered before the call: not made
 	}
-	start := time.Now()
+	start, paceStart := time.Now(), w.now()
 	rcpt, panicked, err := callDeliver(callCtx, w.providers[ch], l.Key, msg)
+	w.pace.addCall(w.now().Sub(paceStart))
 	d := forProvider(decide(err, panicked, ctx.Err() != nil, callCtx.Err() != nil), w.idem[ch])
 	d.out = w.notePause(ctx, ch, d.out) // before the slot is freed: the next claim sees the pause
 	callDone()

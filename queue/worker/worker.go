@@ -72,8 +72,12 @@ type Worker struct {
 	wg    sync.WaitGroup
 
 	flights flights // delivery tasks running, for the recovery of their leases
-	hintMu  sync.Mutex
-	hints   []time.Time // sorted due times this worker knows of (its retries, its abandoned leases)
+	// ahead holds leases claimed for slots not free yet (loop goroutine
+	// only; ahead.go); pace times claims and calls, to bound it.
+	ahead  []*queue.Lease
+	pace   pace
+	hintMu sync.Mutex
+	hints  []time.Time // sorted due times this worker knows of (its retries, its abandoned leases)
 
 	mu      sync.Mutex
 	closed  bool
@@ -211,6 +215,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	err := w.loop(runCtx)
 	cancel()
+	w.pruneAhead(runCtx, nil) // stopping: every lease waiting here is given back
 	if werr := w.waitTasks(); werr != nil && err == nil {
 		err = werr
 	}
@@ -334,60 +339,94 @@ func (w *Worker) loop(ctx context.Context) error {
 // free returns the number of task slots free.
 func (w *Worker) free() int { return cap(w.slots) - len(w.slots) }
 
-// turn recovers expired leases and claims rows into the free slots. It
-// reports whether it leased anything and whether every slot is busy.
+// turn recovers expired leases and claims rows into the free slots (and,
+// for some channels, ahead of them: ahead.go). It reports whether it
+// leased or started anything and whether every slot is busy.
 func (w *Worker) turn(ctx context.Context) (progress, saturated bool, err error) {
+	var recovered []*queue.Lease
 	if n := w.free(); n > 0 {
-		leases, err := w.leases.Recover(ctx, w.request(w.channels, n))
+		recovered, err = w.leases.Recover(ctx, w.request(w.channels, n))
 		if err != nil {
 			if ctx.Err() == nil {
 				w.logStoreError(ctx, "recover", err)
 			}
 			return progress, false, err
 		}
-		for _, l := range leases {
+		for _, l := range recovered {
 			progress = true
 			w.dispatch(ctx, "reconcile", l)
 		}
 	}
+	w.pruneAhead(ctx, recovered)
 	// A paused channel whose pause is over is tried with one row.
 	_, probe := w.paused.split(w.readyChannels(time.Now()), w.now())
 	for _, ch := range probe {
 		if w.free() == 0 {
 			break
 		}
-		n, err := w.claim(ctx, []envelope.Channel{ch}, 1, func(l *queue.Lease) { w.paused.startProbe(ch, l.Key) })
+		n, err := w.claim(ctx, []envelope.Channel{ch}, 1, 0, func(l *queue.Lease) { w.paused.startProbe(ch, l.Key) })
 		if err != nil {
 			return progress, false, err
 		}
 		progress = progress || n > 0
 	}
-	for {
-		n := w.free()
-		if n == 0 {
-			return progress, true, nil
+	if len(w.ahead) > 0 && w.free() > 0 {
+		// Rows of the other channels go before those waiting here, which
+		// were claimed earlier: otherwise a steady flow on one channel
+		// would keep a slot from them for good.
+		if others := slices.DeleteFunc(w.ready(), w.aheadable); len(others) > 0 {
+			n, err := w.claim(ctx, others, min(w.free(), w.cfg.ClaimBatch), 0, nil)
+			if err != nil {
+				return progress, false, err
+			}
+			progress = progress || n > 0
 		}
-		chans, _ := w.paused.split(w.readyChannels(time.Now()), w.now())
+	}
+	for {
+		progress = w.startAhead(ctx) || progress // slots freed during the turn
+		n, room := w.free(), w.aheadRoom()
+		chans := w.ready()
 		if len(chans) == 0 {
-			return progress, false, nil
+			return progress, n == 0, nil
 		}
 		limit := min(n, w.cfg.ClaimBatch)
-		got, err := w.claim(ctx, chans, limit, nil)
+		switch {
+		case !slices.ContainsFunc(chans, func(ch envelope.Channel) bool { return !w.aheadable(ch) }):
+			// Every channel may be claimed ahead: one claim fills both.
+		case n > 0:
+			room = 0
+		default:
+			chans = slices.DeleteFunc(chans, func(ch envelope.Channel) bool { return !w.aheadable(ch) })
+		}
+		if limit+room == 0 || len(chans) == 0 {
+			return progress, n == 0, nil
+		}
+		got, err := w.claim(ctx, chans, limit, room, nil)
 		if err != nil {
 			return progress, false, err
 		}
 		progress = progress || got > 0
-		if got < limit {
-			return progress, false, nil
+		if got < limit+room {
+			return progress, w.free() == 0, nil
 		}
 	}
 }
 
-// claim leases up to limit rows of chans and dispatches their deliveries;
-// each, when given, runs on every lease before its task starts. It
-// returns how many it leased.
-func (w *Worker) claim(ctx context.Context, chans []envelope.Channel, limit int, each func(*queue.Lease)) (int, error) {
-	leases, err := w.leases.Claim(ctx, w.request(chans, limit))
+// ready returns the channels claimed as usual now: configured, with a
+// rate token, not paused.
+func (w *Worker) ready() []envelope.Channel {
+	chans, _ := w.paused.split(w.readyChannels(time.Now()), w.now())
+	return slices.Clone(chans)
+}
+
+// claim leases up to limit rows of chans for the free slots and up to
+// ahead more to wait for one, and dispatches the first; each, when given,
+// runs on every lease before its task starts. It returns how many it
+// leased.
+func (w *Worker) claim(ctx context.Context, chans []envelope.Channel, limit, ahead int, each func(*queue.Lease)) (int, error) {
+	start := w.now()
+	leases, err := w.leases.Claim(ctx, w.request(chans, limit+ahead))
+	w.pace.addClaim(w.now().Sub(start))
 	if err != nil {
 		if ctx.Err() == nil {
 			w.logStoreError(ctx, "claim", err)
@@ -399,6 +438,10 @@ func (w *Worker) claim(ctx context.Context, chans []envelope.Channel, limit int,
 			each(l)
 		}
 		w.metrics.claims.WithLabelValues(string(l.Channel)).Inc()
+		if w.free() == 0 {
+			w.ahead = append(w.ahead, l)
+			continue
+		}
 		w.dispatch(ctx, "deliver", l)
 	}
 	return len(leases), nil
@@ -455,6 +498,9 @@ func (w *Worker) tokenWait(t time.Time) time.Duration {
 // this worker can; what became due since, it may not have seen.
 func (w *Worker) nextWait(ctx context.Context, start time.Time, progress, saturated bool, stale *time.Duration) time.Duration {
 	wait := w.rescan
+	if aw := w.aheadWait(); aw > 0 {
+		wait = min(wait, aw)
+	}
 	if saturated {
 		return wait // a finishing task wakes the loop
 	}

@@ -1,0 +1,143 @@
+package worker
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
+)
+
+// Leases claimed ahead. A claim is a store transaction, durable before any
+// provider call; claiming only for the slots that are free makes it one
+// transaction for every row or two when calls are quicker than claims (a
+// local endpoint, a sink). For channels whose provider redelivers
+// idempotently the loop then also claims rows for slots not free yet, and
+// keeps them here until a slot frees. The lease is still written before
+// the call, without exception; what changes is how many leases a crash
+// leaves to be reconciled. So the loop keeps only as many ahead as its
+// slots finish in about two claims (from moving averages of both), which
+// is none in front of a provider whose calls take tens of milliseconds, and
+// at most aheadPerSlot per slot. Channels that are rate limited are not
+// claimed ahead (their rows would wait for tokens inside their lease), nor
+// are those of providers that do not redeliver idempotently.
+
+// aheadPerSlot bounds the rows per slot the loop keeps leased ahead.
+const aheadPerSlot = 8
+
+// pace keeps moving averages of how long this worker's claims and
+// provider calls take, on its clock.
+type pace struct {
+	mu          sync.Mutex
+	claim, call time.Duration
+	calls       bool // a call has been timed
+}
+
+func (p *pace) addClaim(d time.Duration) {
+	p.mu.Lock()
+	p.claim = average(p.claim, d)
+	p.mu.Unlock()
+}
+
+func (p *pace) addCall(d time.Duration) {
+	p.mu.Lock()
+	if !p.calls {
+		p.call, p.calls = max(d, 0), true
+	} else {
+		p.call = average(p.call, d)
+	}
+	p.mu.Unlock()
+}
+
+func average(avg, d time.Duration) time.Duration {
+	return max(avg+(d-avg)/8, 0)
+}
+
+// aheadTarget is how many rows to keep ahead for slots slots, at most
+// most: what the slots finish during two claims.
+func aheadTarget(slots, most int, claim, call time.Duration, calls bool) int {
+	switch {
+	case !calls:
+		return 0
+	case call <= 0:
+		return most
+	}
+	return int(min(int64(most), 2*int64(slots)*int64(claim)/int64(call)))
+}
+
+func (w *Worker) aheadMax() int {
+	w.pace.mu.Lock()
+	defer w.pace.mu.Unlock()
+	return aheadTarget(w.cfg.Concurrency, w.cfg.Concurrency*aheadPerSlot, w.pace.claim, w.pace.call, w.pace.calls)
+}
+
+// aheadable reports whether rows of ch may be claimed ahead.
+func (w *Worker) aheadable(ch envelope.Channel) bool {
+	return w.idem[ch] && w.limiters[ch] == nil
+}
+
+// aheadRoom is how many more rows the loop claims ahead now: none until
+// half of those waiting have left, then enough to fill up again, so that
+// the claims stay large.
+func (w *Worker) aheadRoom() int {
+	most := w.aheadMax()
+	if 2*len(w.ahead) > most {
+		return 0
+	}
+	return most - len(w.ahead)
+}
+
+// aheadKept is how long before its end a lease waiting here is given back
+// unused: the call it waits for must still fit in it.
+func (w *Worker) aheadKept(l *queue.Lease) time.Time {
+	return l.ExpiresAt.Add(-w.cfg.Lease / 2)
+}
+
+// pruneAhead gives back, unused, the waiting leases that have aged past
+// aheadKept, those of channels now paused, and all of them when the
+// worker is stopping; it drops those a recovery has just taken over.
+func (w *Worker) pruneAhead(ctx context.Context, recovered []*queue.Lease) {
+	if len(w.ahead) == 0 {
+		return
+	}
+	now := w.now()
+	stopping := ctx.Err() != nil
+	ready, _ := w.paused.split(w.channels, now)
+	w.ahead = slices.DeleteFunc(w.ahead, func(l *queue.Lease) bool {
+		if slices.ContainsFunc(recovered, func(r *queue.Lease) bool { return r.Key == l.Key }) {
+			return true // fenced out: its row is being reconciled
+		}
+		if stopping || !now.Before(w.aheadKept(l)) || !slices.Contains(ready, l.Channel) {
+			w.release(ctx, l)
+			return true
+		}
+		return false
+	})
+}
+
+// startAhead dispatches waiting leases into the free slots, oldest first.
+func (w *Worker) startAhead(ctx context.Context) bool {
+	started := false
+	for len(w.ahead) > 0 && w.free() > 0 {
+		l := w.ahead[0]
+		w.ahead = w.ahead[1:]
+		w.dispatch(ctx, "deliver", l)
+		started = true
+	}
+	return started
+}
+
+// aheadWait is how long until the first waiting lease must be given back,
+// or 0 when none waits.
+func (w *Worker) aheadWait() time.Duration {
+	var wait time.Duration
+	for _, l := range w.ahead {
+		d := max(w.aheadKept(l).Sub(w.now()), time.Millisecond)
+		if wait == 0 || d < wait {
+			wait = d
+		}
+	}
+	return wait
+}
