@@ -24,8 +24,13 @@ import (
 // claimed ahead (their rows would wait for tokens inside their lease), nor
 // are those of providers that do not redeliver idempotently.
 
-// aheadPerSlot bounds the rows per slot the loop keeps leased ahead.
-const aheadPerSlot = 8
+// The loop keeps at most aheadPerSlot rows per slot leased ahead, and at
+// least aheadLeast in all (a claim of a few rows costs about what one of
+// one does).
+const (
+	aheadPerSlot = 8
+	aheadLeast   = 32
+)
 
 // pace keeps moving averages of how long this worker's claims and
 // provider calls take, on its clock.
@@ -70,7 +75,7 @@ func aheadTarget(slots, most int, claim, call time.Duration, calls bool) int {
 func (w *Worker) aheadMax() int {
 	w.pace.mu.Lock()
 	defer w.pace.mu.Unlock()
-	return aheadTarget(w.cfg.Concurrency, w.cfg.Concurrency*aheadPerSlot, w.pace.claim, w.pace.call, w.pace.calls)
+	return aheadTarget(w.cfg.Concurrency, max(w.cfg.Concurrency*aheadPerSlot, aheadLeast), w.pace.claim, w.pace.call, w.pace.calls)
 }
 
 // aheadable reports whether rows of ch may be claimed ahead.

@@ -52,8 +52,9 @@ type Config struct {
 	// ClaimBatch is how many rows one claim transaction leases at most
 	// for the free slots (default Concurrency; never more than those).
 	// Rows of channels whose provider redelivers idempotently and that
-	// have no rate limit are also claimed ahead, up to 8 per slot, and
-	// wait in the worker for a slot (see the package documentation).
+	// have no rate limit are also claimed ahead, up to 8 per slot (32 in
+	// all with fewer slots), and wait in the worker for a slot (see the
+	// package documentation).
 	ClaimBatch int
 	// RateLimits limits each channel's provider calls per second (optional;
 	// a missing or rate.Inf entry means unlimited).
