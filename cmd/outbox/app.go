@@ -44,6 +44,7 @@ type appConfig struct {
 	EmailReplyTo  string
 	ResendRate    float64
 	ResendPoll    time.Duration
+	ResendURL     string
 	TelegramURL   string
 	WeCom         weComConfig
 	Shutdown      time.Duration
@@ -162,7 +163,8 @@ func buildApp(e *env, c appConfig) (*app, error) {
 			// relationship mail, which needs no address (docs/branding.md).
 			c.Logger.Warn("--brand-address (OUTBOX_BRAND_ADDRESS) is not set: commercial e-mail must show the sender's postal address (CAN-SPAM); set it unless these e-mails are transactional", "operation", "serve", "status", "degraded")
 		}
-		opts := resend.Options{APIKey: resend.APIKey(apiKey), From: from, ReplyTo: c.EmailReplyTo, Logger: c.Logger}
+		opts := resend.Options{APIKey: resend.APIKey(apiKey), From: from, ReplyTo: c.EmailReplyTo, BaseURL: c.ResendURL,
+			FirstAttempt: a.firstAttempt, Logger: c.Logger}
 		if c.ResendRate > 0 {
 			opts.Rate = rateLimit(c.ResendRate)
 		}
@@ -299,6 +301,24 @@ func idempotentChannels(providers map[envelope.Channel]channels.Provider) []enve
 }
 
 // close stops the worker (if not stopped) and closes the store.
+// firstAttempt tells the Resend provider, for a row it did not send itself
+// (sent before a restart, by a killed serve), the earliest its first send
+// can have been: its envelope's enqueue. Within Resend's idempotency window
+// from there, a replay under the same key cannot send the e-mail twice, so
+// such a row is settled by the replay instead of left unresolved.
+func (a *app) firstAttempt(key envelope.Key) (time.Time, bool) {
+	if a.q == nil {
+		return time.Time{}, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := a.q.Get(ctx, key.Tenant, key.EnvelopeID)
+	if err != nil || st.EnqueuedAt.IsZero() {
+		return time.Time{}, false
+	}
+	return st.EnqueuedAt, true
+}
+
 func (a *app) close() error {
 	if a.w != nil {
 		a.w.Close()

@@ -41,7 +41,7 @@ func rateLimit(perSecond float64) rate.Limit { return rate.Limit(perSecond) }
 
 // serveFlags are serve's settings; demo reuses the store and provider ones.
 type serveFlags struct {
-	data, addr, publicURL, templates, subscriber, emailFrom, replyTo, telegramURL, logFormat *string
+	data, addr, publicURL, templates, subscriber, emailFrom, replyTo, resendURL, telegramURL, logFormat *string
 	wecomAPI, wecomCorp, wecomAgent, wecomReplyHosts                                         *string
 	wecomDailyCap                                                                            *int
 	wecomBotReplies                                                                          *bool
@@ -76,6 +76,7 @@ func addServeFlags(s *settings) *serveFlags {
 	f.replyTo = s.str("email-reply-to", "OUTBOX_EMAIL_REPLY_TO", "", "Reply-To of e-mails")
 	f.resendRate = s.integer("resend-rate", "OUTBOX_RESEND_RATE", 2, "Resend requests per second (per team)")
 	f.resendPoll = s.duration("resend-poll", "OUTBOX_RESEND_POLL_INTERVAL", 5*time.Minute, "how often bounces/complaints are polled from Resend (0 = off)")
+	f.resendURL = s.str("resend-api", "OUTBOX_RESEND_API", resend.DefaultBaseURL, "Resend API base URL")
 	f.telegramURL = s.str("telegram-api", "OUTBOX_TELEGRAM_API", "https://api.telegram.org", "Telegram Bot API base URL")
 	f.wecomAPI = s.str("wecom-api", "OUTBOX_WECOM_API", wxapi.DefaultBaseURL, "WeCom API base URL (application messages and group robots)")
 	f.wecomCorp = s.str("wecom-corp-id", "OUTBOX_WECOM_CORP_ID", "", "WeCom corp id (application messages; the secret is OUTBOX_WECOM_SECRET)")
@@ -102,7 +103,7 @@ func (f *serveFlags) appConfig(log *slog.Logger, reg *prometheus.Registry, publi
 		Backoff:   queue.Backoff{Base: *f.backoffBase, Cap: *f.backoffCap, MaxAttempts: *f.maxAttempts},
 		Retention: *f.retention, LogRewriteMin: int64(*f.logRewriteMin), Rescan: *f.rescan, Relaxed: *f.relaxed, TemplatesDir: *f.templates,
 		Subscriber: *f.subscriber, EmailFrom: *f.emailFrom, EmailReplyTo: *f.replyTo,
-		ResendRate: float64(*f.resendRate), ResendPoll: *f.resendPoll, TelegramURL: *f.telegramURL,
+		ResendRate: float64(*f.resendRate), ResendPoll: *f.resendPoll, ResendURL: *f.resendURL, TelegramURL: *f.telegramURL,
 		WeCom: weComConfig{API: *f.wecomAPI, CorpID: *f.wecomCorp, AgentID: *f.wecomAgent, DailyCap: *f.wecomDailyCap,
 			BotReplies: *f.wecomBotReplies, ReplyHosts: *f.wecomReplyHosts},
 		Shutdown: *f.shutdown, SinkJournal: *f.sinkJournal, Logger: log, Registry: reg, Brand: brand,
