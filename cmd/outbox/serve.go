@@ -42,17 +42,17 @@ func rateLimit(perSecond float64) rate.Limit { return rate.Limit(perSecond) }
 // serveFlags are serve's settings; demo reuses the store and provider ones.
 type serveFlags struct {
 	data, addr, publicURL, templates, subscriber, emailFrom, replyTo, resendURL, telegramURL, logFormat *string
-	wecomAPI, wecomCorp, wecomAgent, wecomReplyHosts                                         *string
-	wecomDailyCap                                                                            *int
-	wecomBotReplies                                                                          *bool
-	noSink, relaxed, sinkJournal                                                             *bool
-	concurrency, maxAttempts                                                                 *int
-	lease, backoffBase, backoffCap, retention, rescan, shutdown, resendPoll, seamLease       *time.Duration
-	maxBody, maxInflight, logRewriteMin                                                      *int
-	resendRate                                                                               *int
-	brand                                                                                    *brandFlags
-	db                                                                                       *dbFlags
-	noMigrate                                                                                *bool
+	wecomAPI, wecomCorp, wecomAgent, wecomReplyHosts                                                    *string
+	wecomDailyCap                                                                                       *int
+	wecomBotReplies                                                                                     *bool
+	noSink, relaxed, sinkJournal                                                                        *bool
+	concurrency, maxAttempts                                                                            *int
+	lease, backoffBase, backoffCap, retention, rescan, shutdown, resendPoll, seamLease                  *time.Duration
+	maxBody, maxInflight, logRewriteMin                                                                 *int
+	resendRate                                                                                          *int
+	brand                                                                                               *brandFlags
+	db                                                                                                  *dbFlags
+	noMigrate                                                                                           *bool
 }
 
 func addServeFlags(s *settings) *serveFlags {
