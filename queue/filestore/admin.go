@@ -315,6 +315,11 @@ func (q *Queue) Erase(ctx context.Context, tenant, userID string) error {
 			return err
 		}
 		logs = append(logs, rel)
+		for _, rel := range uniq(logs) {
+			if err := dropPruned(tx, rel); err != nil {
+				return err
+			}
+		}
 		// The files go inside the transaction: a catch-up (the tailer's)
 		// runs in a transaction of its own, before or after this one, and
 		// so never reads a log whose offset this transaction deleted.
@@ -410,7 +415,10 @@ func (q *Queue) Prune(ctx context.Context) (int, error) {
 	err := q.write(ctx, false, func(tx *bolt.Tx) error {
 		rewrite = rewrite[:0] // a retried transaction starts again
 		cutoff := q.opts.Now().Add(-q.opts.Retention).UnixNano()
-		type victim struct{ tenant, id string }
+		type victim struct {
+			tenant, id string
+			rec        envRec
+		}
 		var victims []victim
 		logsLeft := map[string]int{}
 		live := map[string]int64{} // bytes of the records kept, by log
@@ -432,7 +440,7 @@ func (q *Queue) Prune(ctx context.Context) (int, error) {
 			}
 			if prune {
 				t, id := splitEnvKey(k)
-				victims = append(victims, victim{t, id})
+				victims = append(victims, victim{t, id, e})
 				logsLeft[e.Log]--
 			} else {
 				live[e.Log] += int64(e.Len) + 1
@@ -444,6 +452,11 @@ func (q *Queue) Prune(ctx context.Context) (int, error) {
 		}
 		for _, v := range victims {
 			if _, err := q.deleteEnvelope(tx, v.tenant, v.id); err != nil {
+				return err
+			}
+			// Its record stays in the log until the log is rewritten or
+			// removed (pruned.go).
+			if err := putPruned(tx, v.rec.Log, envKey(v.tenant, v.id), v.rec.Off, v.rec.Len); err != nil {
 				return err
 			}
 			n++

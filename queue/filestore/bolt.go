@@ -25,6 +25,7 @@ import (
 //	addrsup  tenant 0 address target → Suppression (JSON), see subs.go
 //	subs     tenant 0 user 0 endpoint target → Subscription (JSON), see subs.go
 //	skip     log path 0 offset(u64) → nil: records of a failed enqueue batch
+//	pruned   log path 0 tenant 0 id → offset(u64) length(u32): records pruned, still in their log (pruned.go)
 var (
 	bktMeta    = []byte("meta")
 	bktLogs    = []byte("logs")

@@ -84,6 +84,7 @@ func (q *Queue) removeEmptiedLog(tx *bolt.Tx, rel string, orphan bool) {
 		q.cache.dropLog(rel)
 		if logs.Delete([]byte(rel)) == nil {
 			_ = dropSkips(tx, rel)
+			_ = dropPruned(tx, rel)
 		}
 	})
 }
@@ -92,15 +93,18 @@ func (q *Queue) removeEmptiedLog(tx *bolt.Tx, rel string, orphan bool) {
 // bucket): they belong to a file that is gone, and a new file under its
 // name must be read whole.
 func dropSkips(tx *bolt.Tx, rel string) error {
-	skip := tx.Bucket(bktSkip)
-	prefix := []byte(rel + "\x00")
+	return dropPrefix(tx.Bucket(bktSkip), []byte(rel+"\x00"))
+}
+
+// dropPrefix deletes the keys of b that start with prefix.
+func dropPrefix(b *bolt.Bucket, prefix []byte) error {
 	var stale [][]byte
-	c := skip.Cursor()
+	c := b.Cursor()
 	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 		stale = append(stale, append([]byte(nil), k...))
 	}
 	for _, k := range stale {
-		if err := skip.Delete(k); err != nil {
+		if err := b.Delete(k); err != nil {
 			return err
 		}
 	}

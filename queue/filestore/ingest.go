@@ -724,6 +724,9 @@ func (q *Queue) ingestLines(tx *bolt.Tx, ing *ingestion, data []byte, base int64
 				continue
 			}
 			env = e
+			if ek := envKey(e.TenantID, e.ID); wasPruned(tx, rel, ek, ln.Off, len(ln.Data)) && tx.Bucket(bktEnv).Get(ek) == nil {
+				continue // delivered long ago, and pruned (pruned.go)
+			}
 			if ing.reset != "" {
 				if ing.moved == nil {
 					ing.moved = map[string]bool{}

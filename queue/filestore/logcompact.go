@@ -234,6 +234,11 @@ func (q *Queue) compactLog(tx *bolt.Tx, rel string, was []byte, recs []liveRec) 
 		if err = dropSkips(tx, rel); err != nil {
 			return
 		}
+		// The pruned records are not in the new file. (The lines copied as
+		// they are were indexed after the prune: none is pruned.)
+		if err = dropPruned(tx, rel); err != nil {
+			return
+		}
 		q.cache.dropLog(rel)
 		q.moved.put(rel, to)
 		done = true

@@ -1,8 +1,10 @@
 package filestore
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	"os"
 	"testing"
 	"time"
@@ -99,4 +101,147 @@ func TestPrune_KeepsALogWithNewWork(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantLeased(t, claimAll(t, q), "n-late")
+}
+
+// openPruning opens dir with a clock the test moves, a retention of an
+// hour and logs never rewritten unless rewriteMin says otherwise.
+func openPruning(t *testing.T, dir string, now *time.Time, rewriteMin int64) *Queue {
+	t.Helper()
+	q, err := Open(dir, &Options{Options: queue.Options{Now: func() time.Time { return *now }, Retention: time.Hour}, LogRewriteMin: rewriteMin, DisableWatcher: true, RescanInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	return q
+}
+
+// deliverAll claims every due row and commits it sent.
+func deliverAll(t *testing.T, q *Queue) {
+	t.Helper()
+	for _, l := range claimAll(t, q) {
+		if err := q.Commit(context.Background(), l, queue.Outcome{State: envelope.StateSent, Receipt: "m"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// prunedOf counts what the index remembers of log rel's pruned records.
+func prunedOf(t *testing.T, q *Queue, rel string) int {
+	t.Helper()
+	n := 0
+	if err := q.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bktPruned).Cursor()
+		prefix := []byte(rel + "\x00")
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			n++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A store copied file by file (cp -a to a new disk, a restore) has logs
+// of other inodes, which it indexes again from their start. The records
+// of envelopes delivered and pruned are still in them (a log is rewritten
+// only once pruned records fill half of it): they are not new envelopes,
+// and are not delivered again.
+func TestPrune_ACopiedStoreDoesNotDeliverPrunedRecordsAgain(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	q := openPruning(t, dir, &now, -1)
+	ctx := context.Background()
+	mustEnqueue(t, q, faultEnvelope("p-a", "u1"), faultEnvelope("p-b", "u1"))
+	deliverAll(t, q)
+	mustEnqueue(t, q, faultEnvelope("p-c", "u1")) // keeps the log
+	now = now.Add(2 * time.Hour)
+	if n, err := q.Prune(ctx); err != nil || n != 2 {
+		t.Fatalf("Prune = %d, %v", n, err)
+	}
+	q.Close()
+
+	copied := t.TempDir()
+	copyTree(t, dir, copied)
+	q = openPruning(t, copied, &now, -1)
+	leases := claimAll(t, q)
+	wantLeased(t, leases, "p-c")
+	for _, id := range []string{"p-a", "p-b"} {
+		if leases[id] != nil {
+			t.Errorf("%s, delivered and pruned, was claimed again from the copy", id)
+		}
+		if _, err := q.Get(ctx, "", id); !errors.Is(err, queue.ErrNotFound) {
+			t.Errorf("Get(%s) = %v, want ErrNotFound", id, err)
+		}
+	}
+}
+
+// An id enqueued again after its envelope was pruned is a new record at
+// another offset: indexed, also when its log is indexed again from its
+// start before the store saw it.
+func TestPrune_AnIDAppendedAgainAfterItsPruneIsIndexed(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	q := openPruning(t, dir, &now, -1)
+	ctx := context.Background()
+	mustEnqueue(t, q, faultEnvelope("q-a", "u1"), faultEnvelope("q-b", "u1"))
+	deliverAll(t, q)
+	now = now.Add(2 * time.Hour)
+	mustEnqueue(t, q, faultEnvelope("q-c", "u1"))
+	if n, err := q.Prune(ctx); err != nil || n != 2 {
+		t.Fatalf("Prune = %d, %v", n, err)
+	}
+	if err := Append(dir, faultEnvelope("q-a", "u1")); err != nil { // not indexed yet
+		t.Fatal(err)
+	}
+	path := LogPath(dir, "", "u1")
+	b, _ := os.ReadFile(path)
+	if err := os.WriteFile(path+".new", b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".new", path); err != nil { // the same content, another file
+		t.Fatal(err)
+	}
+	if err := q.catchUpAll(); err != nil {
+		t.Fatal(err)
+	}
+	leases := claimAll(t, q)
+	wantLeased(t, leases, "q-a", "q-c")
+	if leases["q-b"] != nil {
+		t.Error("q-b, delivered and pruned, was claimed again")
+	}
+}
+
+// What the index remembers of pruned records goes with them: when their
+// log is rewritten without them, removed, or erased.
+func TestPrune_ForgetsPrunedRecordsWithTheirLog(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	q := openPruning(t, dir, &now, 1)
+	ctx := context.Background()
+	rel := func(u string) string { return applog.RelPath(envelope.DefaultTenant, u) }
+	mustEnqueue(t, q, faultEnvelope("f-a", "rw"), faultEnvelope("f-b", "rw"), faultEnvelope("f-c", "gone"), faultEnvelope("f-d", "er"))
+	deliverAll(t, q)
+	// rw keeps one record of three: rewritten; er keeps three of four: not.
+	mustEnqueue(t, q, faultEnvelope("f-f", "rw"), faultEnvelope("f-g", "er"), faultEnvelope("f-h", "er"), faultEnvelope("f-i", "er"))
+	now = now.Add(2 * time.Hour)
+	if n, err := q.Prune(ctx); err != nil || n != 4 {
+		t.Fatalf("Prune = %d, %v", n, err)
+	}
+	if n := prunedOf(t, q, rel("rw")); n != 0 {
+		t.Errorf("rewritten log: %d pruned records remembered, want 0", n)
+	}
+	if n := prunedOf(t, q, rel("gone")); n != 0 {
+		t.Errorf("removed log: %d pruned records remembered, want 0", n)
+	}
+	if n := prunedOf(t, q, rel("er")); n != 1 {
+		t.Fatalf("log kept as it is: %d pruned records remembered, want 1", n)
+	}
+	if err := q.Erase(ctx, "", "er"); err != nil {
+		t.Fatal(err)
+	}
+	if n := prunedOf(t, q, rel("er")); n != 0 {
+		t.Errorf("erased user's log: %d pruned records remembered, want 0", n)
+	}
+	wantLeased(t, claimAll(t, q), "f-f")
 }

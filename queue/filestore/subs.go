@@ -101,7 +101,7 @@ func init() { allBuckets = append(allBuckets, bktAddrSup) }
 // addedLater reports whether bucket b may be missing from a sound index
 // written before it existed (Open creates it; a read-only check must not
 // call such an index damaged).
-func addedLater(b []byte) bool { return bytes.Equal(b, bktAddrSup) }
+func addedLater(b []byte) bool { return bytes.Equal(b, bktAddrSup) || bytes.Equal(b, bktPruned) }
 
 func addrSupKey(tenant, target string) []byte { return []byte(tenant + "\x00" + target) }
 
