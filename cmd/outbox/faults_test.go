@@ -116,8 +116,16 @@ var faultKinds = []string{
 	"index-deleted", "index-emptied", "index-scrambled", "index-restored",
 	"log-deleted", "log-truncated", "log-replaced",
 	"disk-full", "no-files", "second-serve", "concurrent-compact",
-	"provider-down", "dir-moved",
+	"provider-down", "dir-moved", "log-rewrite",
 }
+
+// The drill prunes: terminal rows older than pruneAfter go when a fault
+// compacts, and a log whose pruned records fill half of it (from
+// rewriteMin bytes) is rewritten without them.
+const (
+	pruneAfter = "1s"
+	rewriteMin = "4096"
+)
 
 const (
 	faultDrillToken = "fault-drill-token-0123456789"
@@ -159,6 +167,8 @@ type faultDrill struct {
 	known                       map[string]int // defects of the store core already reported, counted apart
 	cutUnderServe               bool           // index.db was emptied under the running serve
 	rebuildTook, compactTook    time.Duration
+	pruneTook                   time.Duration     // serve's last prune through compact
+	ended                       map[string]string // envelope id → "state class" of rows ended otherwise than sent, seen before a prune
 	resolvedSent, resolvedRetry int
 }
 
@@ -169,7 +179,8 @@ func newFaultDrill(t *testing.T, bin string, seed uint64) *faultDrill {
 		acks: newAckSet(), client: &http.Client{Timeout: 5 * time.Second},
 		statuses: map[string]int{}, logPath: map[string]string{}, logFaults: map[string][]logFault{},
 		applied: map[string]int{}, steps: map[string]int{}, known: map[string]int{},
-		rebuildTook: 300 * time.Millisecond, compactTook: 300 * time.Millisecond, lastFault: "no fault yet",
+		rebuildTook: 300 * time.Millisecond, compactTook: 300 * time.Millisecond, pruneTook: 100 * time.Millisecond,
+		lastFault: "no fault yet", ended: map[string]string{},
 	}
 	t.Cleanup(dr.client.CloseIdleConnections)
 	dr.kinds = faultKinds
@@ -192,7 +203,8 @@ func newFaultDrill(t *testing.T, bin string, seed uint64) *faultDrill {
 	dr.tg = newFakeTelegram(t, faultDrillBot, seed)
 	dr.env = []string{"INTERNAL_OUTBOX_TOKEN=" + faultDrillToken, "OUTBOX_TELEGRAM_TOKEN=" + faultDrillBot}
 	dr.args = []string{"--lease", "1s", "--sink-journal", "--rescan", "200ms", "--backoff-base", "100ms", "--backoff-cap", "1s",
-		"--telegram-api", dr.tg.srv.URL, "--shutdown-timeout", "3s"}
+		"--telegram-api", dr.tg.srv.URL, "--shutdown-timeout", "3s",
+		"--retention", pruneAfter, "--log-rewrite-min", rewriteMin}
 	b, err := os.ReadFile(fixturePath("resurface-nudge.v1.golden.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -825,7 +837,8 @@ func (dr *faultDrill) apply(kind string) string {
 		return what + "; " + dr.up()
 	case "kill-compact":
 		dr.stopServe()
-		what := dr.killDuring(&dr.compactTook, "compact", "--data", dr.data)
+		dr.noteEnded()
+		what := dr.killDuring(&dr.compactTook, "compact", "--retention", pruneAfter, "--log-rewrite-min", rewriteMin, "--data", dr.data)
 		return what + "; " + dr.up()
 	case "index-deleted", "index-emptied":
 		running := dr.rng.IntN(2) == 0
@@ -890,10 +903,13 @@ func (dr *faultDrill) apply(kind string) string {
 		return fmt.Sprintf("the Bot API refused connections for %s (connections open were cut)", hold.Round(time.Millisecond))
 	case "dir-moved":
 		return dr.dirMoved()
+	case "log-rewrite":
+		return dr.logRewrite()
 	case "concurrent-compact":
 		if dr.rng.IntN(2) == 0 {
 			// Beside a running serve: compact prunes through it and
 			// leaves the index file alone, or is refused.
+			dr.noteEnded()
 			out, code, _ := dr.run("compact", "--data", dr.data)
 			if code == 0 && !strings.Contains(out, "serve is running") {
 				dr.defect("compact rewrote the index beside a running serve: %s", strings.TrimSpace(out))
@@ -918,6 +934,109 @@ func (dr *faultDrill) apply(kind string) string {
 	}
 	dr.t.Fatalf("unknown fault %q", kind)
 	return ""
+}
+
+// logRewrite prunes through the running serve under load (outbox
+// compact), which rewrites the logs its pruned records fill for the most
+// part while the producers and outbox enqueue append to them; one time in
+// two serve is SIGKILLed in the middle of it. Nothing acknowledged may be
+// lost, and no pruned record delivered again.
+func (dr *faultDrill) logRewrite() string {
+	if dr.d == nil {
+		return "serve not running; " + dr.up()
+	}
+	inodes := func() map[string]uint64 {
+		m := map[string]uint64{}
+		for u, p := range dr.logPath {
+			if ino, err := applogInode(p); err == nil {
+				m[u] = ino
+			}
+		}
+		return m
+	}
+	before := inodes()
+	dr.noteEnded()
+	cmd := exec.Command(dr.bin, "compact", "--data", dr.data)
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		dr.t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	kill := dr.rng.IntN(2) == 0
+	var what string
+	var err error
+	if kill {
+		// Late in the command's time: its start is the process's, the
+		// prune is serve's work at its end.
+		took := max(dr.pruneTook, 5*time.Millisecond)
+		delay := took/2 + time.Duration(dr.rng.Int64N(int64(took/2)))
+		select {
+		case err = <-done:
+			what = fmt.Sprintf("the prune ended before the kill (%s)", time.Since(start).Round(time.Millisecond))
+		case <-time.After(delay):
+			dr.killServe()
+			err = <-done
+			what = fmt.Sprintf("serve SIGKILLed %s into the prune", delay.Round(time.Millisecond))
+		}
+	} else {
+		err = <-done
+	}
+	noCrashNote(dr, "compact", out.String())
+	if err == nil {
+		dr.pruneTook = time.Since(start)
+	} else if !kill {
+		dr.defect("compact through serve failed: %s", firstErrorLine(out.String()))
+	}
+	rewritten := 0
+	for u, ino := range inodes() {
+		if was, ok := before[u]; ok && was != ino {
+			rewritten++
+		}
+	}
+	if rewritten > 0 {
+		dr.step("log-rewrite: logs rewritten")
+	}
+	if what == "" {
+		what = "through serve"
+	}
+	what = fmt.Sprintf("%s: %s; %d logs rewritten", what, firstLine(out.String()), rewritten)
+	if dr.d == nil {
+		what += "; " + dr.up()
+	}
+	return what
+}
+
+// applogInode is the inode of the file at path.
+func applogInode(path string) (uint64, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, err
+	}
+	return fi.Sys().(*syscall.Stat_t).Ino, nil
+}
+
+// noteEnded remembers the rows that ended otherwise than sent (dead
+// letters, suppressions, expiries), just before a prune may take them: an
+// envelope unknown to the store at the end of the drill is then told
+// apart from a lost one. Whatever a prune takes ended at least pruneAfter
+// before it, so before this look.
+func (dr *faultDrill) noteEnded() {
+	out, code := outbox(dr.t, dr.bin, "ls", "--data", dr.data, "--tenant", "*", "--json", "--limit", "1000000")
+	if code != 0 {
+		dr.t.Fatalf("outbox ls before a prune = %d: %s", code, out)
+	}
+	var page queue.Page
+	if err := json.Unmarshal([]byte(out), &page); err != nil {
+		dr.t.Fatalf("outbox ls before a prune: %v: %.200s", err, out)
+	}
+	for _, r := range page.Rows {
+		if r.State.Terminal() && r.State != envelope.StateSent {
+			dr.ended[r.Key.EnvelopeID] = string(r.State) + " " + string(r.Class)
+		}
+	}
 }
 
 // noFiles lowers running serve's limit of open files (its soft limit,
@@ -1360,6 +1479,8 @@ func (dr *faultDrill) finish() {
 		case calls > 1:
 			r.twice++
 			t.Errorf("%s (telegram, cannot deduplicate) was sent %d times", id, calls)
+		case gerr != nil && dr.ended[id] != "":
+			r.reasons["pruned after "+dr.ended[id]]++
 		case gerr != nil && faulted && dr.rebuiltAfterLogFault(a):
 			r.goneRebuilt++
 		case gerr != nil && faulted && a.via == "http":
