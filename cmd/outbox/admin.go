@@ -123,6 +123,9 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		if rep.WentBack != "" {
 			fmt.Fprintln(e.Stdout, "note:", rep.WentBack)
 		}
+		for _, n := range rep.Settled {
+			fmt.Fprintln(e.Stdout, "note:", n)
+		}
 		for _, p := range rep.Problems {
 			fmt.Fprintln(e.Stdout, "problem:", p)
 		}

@@ -37,6 +37,12 @@ type Report struct {
 	// restart of the machine: checkpoint.go), as Open would have.
 	WentBack string   `json:"went_back,omitempty"`
 	Problems []string `json:"problems,omitempty"`
+	// Settled are records gone from the logs (a log deleted, cut or
+	// replaced) of envelopes whose every row has ended (sent, or
+	// dead-lettered record_lost when claimed): nothing waits for them and
+	// nothing is to be done, so they are not problems. The rows go with
+	// the prune after --retention.
+	Settled []string `json:"settled,omitempty"`
 }
 
 // OK reports whether the check found no problem.
@@ -180,13 +186,25 @@ func checkDB(db *bolt.DB, dir string, structural []string) (*Report, error) {
 				return nil
 			}
 		}
+		// A deleted log is a problem while a row of its envelopes has not
+		// ended: known after the walk of the envelopes.
+		deleted := map[string]string{}
+		var deletedOrder []string
 		_ = tx.Bucket(bktLogs).ForEach(func(k, v []byte) error {
 			rep.Logs++
 			if p := checkLog(dir, string(k), v, &rep.Unindexed); p != "" {
-				bad("%s", p)
+				if _, err := os.Lstat(filepath.Join(dir, string(k))); errors.Is(err, os.ErrNotExist) {
+					deleted[string(k)] = p
+					deletedOrder = append(deletedOrder, string(k))
+				} else {
+					bad("%s", p)
+				}
 			}
 			return nil
 		})
+		open := map[string]bool{} // logs with an envelope not settled
+		gone := map[string]int{}  // records gone of settled envelopes, by log
+		var goneOrder []string
 		// Logs the index has never read (appended by outbox enqueue or
 		// another program since the store last ran): all of theirs is
 		// still to index.
@@ -233,13 +251,32 @@ func checkDB(db *bolt.DB, dir string, structural []string) (*Report, error) {
 				return nil
 			}
 			_, id := splitEnvKey(k)
+			settled := true
+			for seg := 0; seg < e.Segs && settled; seg++ {
+				if r, err := getRow(tx, rowKey(k, seg)); err != nil || r == nil || !r.State.Terminal() {
+					settled = false
+				}
+			}
+			if !settled {
+				open[e.Log] = true
+			}
+			lost := func(format string, a ...any) {
+				if !settled {
+					bad(format, a...)
+					return
+				}
+				if gone[e.Log] == 0 {
+					goneOrder = append(goneOrder, e.Log)
+				}
+				gone[e.Log]++
+			}
 			b, err := applog.ReadAt(filepath.Join(dir, e.Log), e.Off, e.Len)
 			if err != nil {
-				bad("envelope record unreadable in %s at %d", e.Log, e.Off)
+				lost("envelope record unreadable in %s at %d", e.Log, e.Off)
 			} else {
 				var env envelope.Envelope
 				if json.Unmarshal(b, &env) != nil || env.ID != id {
-					bad("envelope record in %s at %d does not match its index entry", e.Log, e.Off)
+					lost("envelope record in %s at %d does not match its index entry", e.Log, e.Off)
 				}
 			}
 			for seg := 0; seg < e.Segs; seg++ {
@@ -261,6 +298,18 @@ func checkDB(db *bolt.DB, dir string, structural []string) (*Report, error) {
 			}
 			return nil
 		})
+		for _, rel := range deletedOrder {
+			if open[rel] {
+				bad("%s", deleted[rel])
+			}
+		}
+		for _, rel := range goneOrder {
+			n := fmt.Sprintf("log %s: the records of %d envelopes are gone from it; every row of theirs has ended (sent, dead-lettered, expired…), so nothing waits for them", rel, gone[rel])
+			if _, ok := deleted[rel]; ok {
+				n += "; " + hintEraseCut
+			}
+			rep.Settled = append(rep.Settled, n)
+		}
 		if dueSeen != dueWant {
 			bad("due index has %d entries, rows want %d", dueSeen, dueWant)
 		}

@@ -1,10 +1,14 @@
 package filestore
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/outboxhq/outbox/envelope"
+	"github.com/outboxhq/outbox/queue"
 )
 
 // (d) doctor's Check reports a log shorter than its indexed offset, a
@@ -70,5 +74,55 @@ func TestCheck_ReportsTruncatedOrReplacedLog(t *testing.T) {
 			}
 			noLogProblem(t, rep)
 		})
+	}
+}
+
+// A deleted log is a problem while a row of its envelopes waits for the
+// records it held; once every such row has ended (sent before, or
+// dead-lettered record_lost when claimed) there is nothing to do, and
+// doctor says so in a note instead of failing until the prune.
+func TestCheck_ADeletedLogWhoseEnvelopesEndedIsANote(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	ctx := context.Background()
+	mustEnqueue(t, q, replyEnv("s-a", "u1", "hello"))
+	for _, l := range claimAll(t, q) {
+		if err := q.Commit(ctx, l, queue.Outcome{State: envelope.StateSent, Receipt: "m"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustEnqueue(t, q, replyEnv("s-b", "u1", "hello"), replyEnv("s-c", "u2", "hello"))
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(LogPath(dir, "", "u1")); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Check(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK() || !strings.Contains(strings.Join(rep.Problems, "\n"), "deleted") {
+		t.Fatalf("a deleted log with a pending row: problems %q", rep.Problems)
+	}
+
+	q = openFault(t, dir)
+	if ls := claimAll(t, q); ls["s-b"] != nil || ls["s-c"] == nil { // s-b: record_lost
+		t.Fatalf("claimed %v", keys(ls))
+	}
+	if st, err := q.Get(ctx, "", "s-b"); err != nil || st.Status != string(envelope.StateDeadLetter) {
+		t.Fatalf("s-b = %+v, %v; want dead_letter", st, err)
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err = Check(dir); err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Fatalf("every row of the deleted log's envelopes ended, yet problems %q", rep.Problems)
+	}
+	if len(rep.Settled) != 1 || !strings.Contains(rep.Settled[0], "2 envelopes") {
+		t.Fatalf("notes %q, want one for the deleted log's 2 envelopes", rep.Settled)
 	}
 }
