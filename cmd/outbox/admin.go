@@ -22,11 +22,11 @@ func init() {
 
 func runDoctor(ctx context.Context, e *env, args []string) int {
 	s := newSettings("doctor", e)
-	s.usage("Usage: outbox doctor [--rebuild] [--after-restore] [--json]\n\nChecks the store in --data: bbolt's own consistency, every log offset and\nrecord against its index entry, every row against the due and lease indexes,\nthe consent journal against the index.\nWhen the index file is missing or cannot be opened it is rebuilt from the\nlogs and the consent journal (the broken file is kept as index.db.broken-TIME);\n--rebuild forces that. Consent, suppressions and push subscriptions come back\nfrom the journal. Rebuilt rows whose fate is unknown become unresolved, never\nredelivered automatically. Works through a running serve (check only).\nWith --database-url: connects, compares the schema's version with this\noutbox's, counts the rows that need an operator or a reconciler, and says\nwhether the database is older than the one serve last used here (restored\nfrom a backup: --after-restore makes the deliveries of unknown fate\nunresolved, so that none is sent twice).\n\nFlags:\n")
+	s.usage("Usage: outbox doctor [--rebuild] [--after-restore] [--json]\n\nChecks the store in --data: bbolt's own consistency, every log offset and\nrecord against its index entry, every row against the due and lease indexes,\nthe consent journal against the index.\nWhen the index file is missing or cannot be opened it is rebuilt from the\nlogs and the consent journal (the broken file is kept as index.db.broken-TIME);\n--rebuild forces that. Consent, suppressions and push subscriptions come back\nfrom the journal. Rebuilt rows whose fate is unknown become unresolved, never\nredelivered automatically. Works through a running serve (check only).\nWith --database-url: connects, compares the schema's version with this\noutbox's, counts the rows that need an operator or a reconciler, and says\nwhether the database is older than the one serve last used here (restored\nfrom a backup: --after-restore makes the deliveries of unknown fate\nunresolved, so that none is sent twice).\n--after-restore on a data directory restored from a copy does the same\nthere: what waited when the copy was taken becomes unresolved, what had\nended stays (a rebuild would make every row unresolved).\n\nFlags:\n")
 	data := dataFlag(s)
 	db := addDBFlags(s)
 	rebuild := s.fs.Bool("rebuild", false, "rebuild the index from the logs (stop outbox serve first)")
-	afterRestore := s.fs.Bool("after-restore", false, "PostgreSQL: the database was restored from a backup; make every delivery of unknown fate unresolved (stop every serve first)")
+	afterRestore := s.fs.Bool("after-restore", false, "the data directory or the database was restored from a backup; make every delivery of unknown fate unresolved (stop every serve first)")
 	js := s.fs.Bool("json", false, "print the report as JSON")
 	if code, done := s.parse(args); done {
 		return code
@@ -39,13 +39,33 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		}
 		return pgDoctor(ctx, e, dsn, *db.schema, *data, *afterRestore, *js)
 	}
-	if *afterRestore {
-		return fail(e, "--after-restore is for a PostgreSQL store (--database-url); a file store's restored index is refused and rebuilt with --rebuild")
-	}
 	if _, err := os.Stat(*data); err != nil {
 		return fail(e, "no data directory %s", *data)
 	}
 	sockUp := socketUp(*data)
+	if *afterRestore {
+		if *rebuild {
+			return fail(e, "--after-restore and --rebuild exclude each other: a rebuild makes every row unresolved already")
+		}
+		if sockUp {
+			return fail(e, "outbox serve is running on %s: stop it before --after-restore", *data)
+		}
+		if err := checkOwner(*data); err != nil {
+			return fail(e, "%v", err)
+		}
+		q, err := filestore.Open(*data, &filestore.Options{DisableWatcher: true, RescanInterval: -1})
+		if err != nil {
+			return fail(e, "%v", err)
+		}
+		n, err := q.AfterRestore(ctx)
+		if cerr := q.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fail(e, "after restore: %v (run it again: it goes on where it stopped)", err)
+		}
+		fmt.Fprintln(e.Stdout, afterRestoreLine(n))
+	}
 	if *rebuild && !sockUp {
 		if err := checkOwner(*data); err != nil {
 			return fail(e, "%v", err)
@@ -138,6 +158,11 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintln(e.Stdout, "ok")
 	}
 	return exitOK
+}
+
+// afterRestoreLine is what doctor --after-restore prints on either store.
+func afterRestoreLine(n int) string {
+	return fmt.Sprintf("after restore: %d envelopes had deliveries of unknown fate: they are unresolved (outbox ls --state unresolved; outbox resolve ID --as sent|retry)", n)
 }
 
 func isOpenFailure(rep *filestore.Report) bool {

@@ -189,7 +189,7 @@ func pgDoctor(ctx context.Context, e *env, dsn, schema, data string, afterRestor
 			if err != nil {
 				return fail(e, "after restore: %d envelopes settled, then: %v (run it again)", n, err)
 			}
-			fmt.Fprintf(e.Stdout, "after restore: %d envelopes had deliveries of unknown fate: they are unresolved (outbox ls --state unresolved; outbox resolve ID --as sent|retry)\n", n)
+			fmt.Fprintln(e.Stdout, afterRestoreLine(n))
 			// Every host's mark names the old instance now: this one's is
 			// written afresh.
 			if m := pgMark(data, schema); statOK(m) {
