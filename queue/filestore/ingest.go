@@ -412,6 +412,18 @@ func (q *Queue) catchUpAll() error {
 		return err
 	}
 	return q.write(context.Background(), true, func(tx *bolt.Tx) error {
+		// A copy of the data directory has every log under another inode:
+		// one warning for them all, not one per user.
+		q.resets = map[logReset]int{}
+		defer func() {
+			for why, n := range q.resets {
+				if n > resetsLogged {
+					q.log.Warn(fmt.Sprintf("%d logs %s under the store in all, %d more than the warnings above (a copy or a restore of the data directory?): each indexed again from its start", n, why, n-resetsLogged),
+						"operation", "ingest", "status", "reindexed", "count", n)
+				}
+			}
+			q.resets = nil
+		}()
 		for _, rel := range rels {
 			if err := q.catchUp(tx, rel, nil, nil); err != nil {
 				return err
@@ -420,6 +432,10 @@ func (q *Queue) catchUpAll() error {
 		return nil
 	})
 }
+
+// resetsLogged is how many resets of one catch-up of every log are
+// logged one by one; past it, one line counts them all.
+const resetsLogged = 3
 
 // withNews returns the logs among rels that may hold lines past their
 // indexed offset, and those replaced or cut shorter than it (see catchUp).
@@ -779,8 +795,13 @@ const (
 // outbox_log_resets_total{reason}.
 func (q *Queue) resetLog(tx *bolt.Tx, rel string, why logReset) error {
 	q.m.logResets.WithLabelValues(string(why)).Inc()
-	q.log.Warn("log "+string(why)+" under the store: indexing it again from its start; rows whose records it lost are dead-lettered (record_lost) when claimed",
-		"operation", "ingest", "status", "reindexed")
+	if q.resets == nil || q.resets[why] < resetsLogged {
+		q.log.Warn("log "+string(why)+" under the store: indexing it again from its start; rows whose records it lost are dead-lettered (record_lost) when claimed",
+			"operation", "ingest", "status", "reindexed")
+	}
+	if q.resets != nil {
+		q.resets[why]++
+	}
 	q.cache.dropLog(rel)
 	return dropSkips(tx, rel)
 }

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
+	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -244,4 +247,32 @@ func TestPrune_ForgetsPrunedRecordsWithTheirLog(t *testing.T) {
 		t.Errorf("erased user's log: %d pruned records remembered, want 0", n)
 	}
 	wantLeased(t, claimAll(t, q), "f-f")
+}
+
+// A copy of a store has every log under another inode: a few warnings,
+// then one line that counts them all, not one per user.
+func TestCatchUp_ACopiedStoreWarnsOnceForItsLogs(t *testing.T) {
+	dir := t.TempDir()
+	q := openFault(t, dir)
+	for i := range 10 {
+		mustEnqueue(t, q, faultEnvelope(fmt.Sprintf("w-%d", i), fmt.Sprintf("u%d", i)))
+	}
+	q.Close()
+	copied := t.TempDir()
+	copyTree(t, dir, copied)
+	var logs bytes.Buffer
+	q, err := Open(copied, &Options{Options: queue.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, DisableWatcher: true, RescanInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if n := strings.Count(logs.String(), "level=WARN"); n != resetsLogged+1 {
+		t.Errorf("%d warnings for 10 copied logs, want %d:\n%s", n, resetsLogged+1, logs.String())
+	}
+	if !strings.Contains(logs.String(), "10 logs replaced under the store in all") {
+		t.Errorf("no line counts the copied logs:\n%s", logs.String())
+	}
+	if n := len(claimAll(t, q)); n != 10 {
+		t.Errorf("%d claimable in the copy, want 10", n)
+	}
 }

@@ -53,6 +53,7 @@ type Queue struct {
 	damaged chan struct{}             // closed with damage
 	dirInfo os.FileInfo               // the data directory opened (checkDir)
 	moved   movedRecs                 // where rewritten logs' records went (logcompact.go)
+	resets  map[logReset]int          // the resets of a catch-up of every log, by reason (writer only; catchUpAll)
 	// indexMu guards indexFile, the identity of the index file the store
 	// has open, against a swap (an Erase's rewrite) while it is checked.
 	indexMu   sync.Mutex
