@@ -91,6 +91,7 @@ type ackInfo struct {
 	user  string
 	via   string // "http" (serve answered 201) or "enqueue" (outbox enqueue printed queued)
 	since int    // tick when its request started: faults with a later tick came after it
+	at    int    // tick when it was acknowledged
 }
 
 func newAckSet() *ackSet { return &ackSet{acked: map[string]ackInfo{}} }
@@ -106,7 +107,8 @@ func (a *ackSet) next(prefix string) (string, int) {
 // ack records id as acknowledged; since is the tick its request started at.
 func (a *ackSet) ack(id, user, via string, since int) {
 	a.mu.Lock()
-	a.acked[id] = ackInfo{user: user, via: via, since: since}
+	a.clock++
+	a.acked[id] = ackInfo{user: user, via: via, since: since, at: a.clock}
 	a.mu.Unlock()
 }
 

@@ -116,7 +116,7 @@ var faultKinds = []string{
 	"index-deleted", "index-emptied", "index-scrambled", "index-restored",
 	"log-deleted", "log-truncated", "log-replaced",
 	"disk-full", "no-files", "second-serve", "concurrent-compact",
-	"provider-down", "dir-moved", "log-rewrite",
+	"provider-down", "dir-moved", "log-rewrite", "dir-restored",
 }
 
 // The drill prunes: terminal rows older than pruneAfter go when a fault
@@ -169,6 +169,7 @@ type faultDrill struct {
 	rebuildTook, compactTook    time.Duration
 	pruneTook                   time.Duration     // serve's last prune through compact
 	ended                       map[string]string // envelope id → "state class" of rows ended otherwise than sent, seen before a prune
+	restores                    []restoreSpan
 	resolvedSent, resolvedRetry int
 }
 
@@ -905,6 +906,8 @@ func (dr *faultDrill) apply(kind string) string {
 		return dr.dirMoved()
 	case "log-rewrite":
 		return dr.logRewrite()
+	case "dir-restored":
+		return dr.dirRestored()
 	case "concurrent-compact":
 		if dr.rng.IntN(2) == 0 {
 			// Beside a running serve: compact prunes through it and
@@ -1007,6 +1010,73 @@ func (dr *faultDrill) logRewrite() string {
 		what += "; " + dr.up()
 	}
 	return what
+}
+
+// restoreSpan is a copy of the data directory put back: what was
+// acknowledged from the tick the copy began to the tick it was put back
+// may be gone with it.
+type restoreSpan struct{ copied, restored int }
+
+// dirRestored is an operator's restore of the whole data directory: a
+// copy taken with serve stopped (the backup; outbox enqueue goes on
+// appending meanwhile), serve run on under load for 0.2–0.6 s, stopped,
+// the copy put back in one rename (the sink, the recipients' side, kept as
+// it is now), then outbox doctor --after-restore and serve. What the
+// copy held as still to deliver and went out since must not go out again.
+func (dr *faultDrill) dirRestored() string {
+	dr.stopServe()
+	backup := dr.data + ".backup"
+	span := restoreSpan{copied: dr.acks.tick()}
+	copyDir(dr.t, dr.data, backup)
+	trail := dr.up()
+	time.Sleep(time.Duration(200+dr.rng.IntN(400)) * time.Millisecond)
+	dr.stopServe()
+	if err := os.RemoveAll(filepath.Join(backup, "sink")); err != nil {
+		dr.t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dr.data, "sink"), filepath.Join(backup, "sink")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		dr.t.Fatal(err)
+	}
+	old := dr.data + ".old"
+	if err := os.Rename(dr.data, old); err != nil {
+		dr.t.Fatal(err)
+	}
+	if err := os.Rename(backup, dr.data); err != nil {
+		dr.t.Fatal(err)
+	}
+	span.restored = dr.acks.tick()
+	dr.mu.Lock()
+	dr.restores = append(dr.restores, span)
+	dr.mu.Unlock()
+	if err := os.RemoveAll(old); err != nil {
+		dr.t.Fatal(err)
+	}
+	// Its exit code is the check's that follows (log faults before may
+	// have left problems); the after-restore line says it did its part.
+	out, code, _ := dr.run("doctor", "--after-restore", "--data", dr.data)
+	said := ""
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "after restore:") {
+			said = l
+		}
+	}
+	if said == "" {
+		dr.defect("doctor --after-restore = %d without its after-restore line: %s", code, firstErrorLine(out))
+	}
+	return fmt.Sprintf("copied; %s; the copy put back; %s; %s", trail, said, dr.up())
+}
+
+// goneWithRestore reports whether a was acknowledged while a copy that
+// was later put back was taken, or after it.
+func (dr *faultDrill) goneWithRestore(a ackInfo) bool {
+	dr.mu.Lock()
+	defer dr.mu.Unlock()
+	for _, s := range dr.restores {
+		if a.at > s.copied && a.since < s.restored {
+			return true
+		}
+	}
+	return false
 }
 
 // applogInode is the inode of the file at path.
@@ -1481,6 +1551,8 @@ func (dr *faultDrill) finish() {
 			t.Errorf("%s (telegram, cannot deduplicate) was sent %d times", id, calls)
 		case gerr != nil && dr.ended[id] != "":
 			r.reasons["pruned after "+dr.ended[id]]++
+		case gerr != nil && dr.goneWithRestore(a):
+			r.reasons["acknowledged while the copy was taken or after it: gone with the restore"]++
 		case gerr != nil && faulted && dr.rebuiltAfterLogFault(a):
 			r.goneRebuilt++
 		case gerr != nil && faulted && a.via == "http":
