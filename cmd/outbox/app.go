@@ -215,12 +215,13 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	}
 
 	qo := queue.Options{Logger: c.Logger.With("component", "queue"), Registerer: reg, Backoff: c.Backoff, Retention: c.Retention}
+	storeNow := time.Now // the worker's clock: the store's
 	if c.DatabaseURL != "" {
 		pg, err := openPG(context.Background(), c.DatabaseURL, c.DatabaseSchema, c.NoMigrate, pgMark(c.Data, c.DatabaseSchema), qo)
 		if err != nil {
 			return fail(err)
 		}
-		a.q = pg
+		a.q, storeNow = pg, pg.Now
 	} else {
 		// Claims of channels whose provider redelivers idempotently skip
 		// their fsync (see queue.Options.UnsyncedClaims).
@@ -257,7 +258,7 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	}
 	a.w, err = worker.New(worker.Config{
 		Store: a.q, Providers: a.providers, Renderer: a.r, Concurrency: c.Concurrency,
-		Lease: c.Lease, ShutdownTimeout: c.Shutdown, Logger: c.Logger, Registerer: reg,
+		Lease: c.Lease, ShutdownTimeout: c.Shutdown, Logger: c.Logger, Registerer: reg, Now: storeNow,
 	})
 	if err != nil {
 		return fail(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -410,4 +411,41 @@ func TestRestoredDatabase(t *testing.T) {
 		t.Fatalf("Open of a schema made afresh with the old mark = %v", err)
 	}
 	s.Close()
+}
+
+// Leases are judged by the database server's clock: a process on a host
+// whose clock is 40 s ahead (more than the lease) does not take over a
+// live lease of another process, and its store's clock is the server's.
+func TestClockSkew_LeasesAreJudgedByTheServersClock(t *testing.T) {
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := pgstore.Open(ctx, pgtest.DSN(), &pgstore.Options{Schema: schema, Options: queue.Options{Logger: quiet}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ob := &pgstore.Options{Schema: schema, Options: queue.Options{Logger: quiet}}
+	pgstore.WithHostClock(ob, func() time.Time { return time.Now().Add(40 * time.Second) })
+	b, err := pgstore.Open(ctx, pgtest.DSN(), ob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := a.Enqueue(ctx, queuetest.Reply("skew-1", "u-1", "hi")); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := a.Claim(ctx, queue.ClaimRequest{Owner: "a", Lease: 30 * time.Second, Limit: 1})
+	if err != nil || len(ls) != 1 {
+		t.Fatalf("claim on a = %d leases, %v", len(ls), err)
+	}
+	if got, err := b.Recover(ctx, queue.ClaimRequest{Owner: "b", Lease: 30 * time.Second, Limit: 10}); err != nil || len(got) != 0 {
+		t.Fatalf("the host 40 s ahead recovered %d live leases (%v)", len(got), err)
+	}
+	if err := a.Commit(ctx, ls[0], queue.Outcome{State: envelope.StateSent, Receipt: "m"}); err != nil {
+		t.Fatalf("a's commit after b looked: %v", err)
+	}
+	if d := b.Now().Sub(time.Now()); d > time.Second || d < -time.Second {
+		t.Errorf("the skewed host's store clock is %v off the server's", d)
+	}
 }

@@ -74,6 +74,7 @@ type Store struct {
 	prefix    string // its quoted name and a dot, for table names
 	channel   string // the LISTEN/NOTIFY channel
 	now       func() time.Time
+	skew      atomic.Int64     // the database server's clock minus this host's, ns (checkClock)
 	hostNow   func() time.Time // this host's clock, against the database's
 	markFile  string
 	instance  string // the schema's instance id
@@ -199,7 +200,7 @@ func open(ctx context.Context, pool *pgxpool.Pool, own bool, opts *Options) (*St
 		schema:    schema,
 		prefix:    pgx.Identifier{schema}.Sanitize() + ".",
 		channel:   "outbox_wake_" + schema,
-		now:       q.Now,
+		now:       q.Now, // a test's clock; else the server's (below)
 		backoff:   q.Backoff,
 		retention: q.Retention,
 		source:    q.Consent,
@@ -212,6 +213,9 @@ func open(ctx context.Context, pool *pgxpool.Pool, own bool, opts *Options) (*St
 	s.enq, s.commits = s.enqueuer(), s.committer()
 	if s.hostNow = o.hostNow; s.hostNow == nil {
 		s.hostNow = time.Now
+	}
+	if o.Options.Now == nil {
+		s.now = func() time.Time { return s.hostNow().Add(time.Duration(s.skew.Load())) }
 	}
 	bg, stop := context.WithCancel(context.Background())
 	s.stop = stop
@@ -230,15 +234,25 @@ func open(ctx context.Context, pool *pgxpool.Pool, own bool, opts *Options) (*St
 }
 
 // MaxClockSkew is how far this host's clock may be from the database
-// server's before the store warns. Leases, backoff and expiry are judged
-// by each process's own clock: two hosts apart by more than a lease
-// (serve's --lease, 30 s) recover each other's leases while they are
-// held, and those deliveries end unresolved; a smaller skew shortens or
-// lengthens leases by as much.
+// server's before the store warns. The store judges leases, backoff and
+// expiry by the server's clock (this host's, corrected by the skew last
+// measured), so that processes on hosts whose clocks differ by more than
+// a lease do not take over each other's live leases; the rest of the
+// process (logs, metrics, the HTTP seam's checks) keeps the host's.
 const MaxClockSkew = time.Second
 
+// clockEvery is how often the skew is measured again: a step of this
+// host's clock (NTP) misleads the store's clock until then.
+const clockEvery = 30 * time.Second
+
+// Now is the store's clock: the database server's, as this host
+// estimates it (or the clock queue.Options.Now gave). A worker on this
+// store takes it as its worker.Config.Now.
+func (s *Store) Now() time.Time { return s.now() }
+
 // checkClock measures the database server's clock against this host's,
-// sets the gauge and warns past MaxClockSkew.
+// corrects the store's clock by it, sets the gauge and warns past
+// MaxClockSkew.
 func (s *Store) checkClock(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -249,17 +263,18 @@ func (s *Store) checkClock(ctx context.Context) {
 	}
 	t1 := s.hostNow()
 	skew := db.Sub(t0.Add(t1.Sub(t0) / 2))
+	s.skew.Store(int64(skew))
 	s.metrics.clockSkew.Set(skew.Seconds())
 	if skew > MaxClockSkew || skew < -MaxClockSkew {
-		s.log.LogAttrs(ctx, slog.LevelWarn, "this host's clock is not the database server's: leases are judged by each process's clock, so keep every host's clock in sync (NTP)",
+		s.log.LogAttrs(ctx, slog.LevelWarn, "this host's clock is not the database server's: the store corrects its own by the difference, measured every 30 s; keep every host's clock in sync (NTP), for the logs and for a step between two measurements",
 			slog.String("operation", "clock"), slog.String("status", "skewed"), slog.Duration("database_ahead_by", skew.Round(time.Millisecond)))
 	}
 }
 
-// watchClock runs checkClock every 5 minutes.
+// watchClock runs checkClock every clockEvery.
 func (s *Store) watchClock(ctx context.Context) {
 	defer s.wg.Done()
-	t := time.NewTicker(5 * time.Minute)
+	t := time.NewTicker(clockEvery)
 	defer t.Stop()
 	for {
 		select {
