@@ -1027,14 +1027,20 @@ func (dr *faultDrill) dirRestored() string {
 	dr.stopServe()
 	backup := dr.data + ".backup"
 	span := restoreSpan{copied: dr.acks.tick()}
+	// The sink (the recipients' side) stays out of the copy: it is not
+	// restored, and on the small file system it would fill the disk.
+	sink, held := filepath.Join(dr.data, "sink"), dr.data+".sink"
+	if err := os.Rename(sink, held); err != nil && !errors.Is(err, os.ErrNotExist) {
+		dr.t.Fatal(err)
+	}
 	copyDir(dr.t, dr.data, backup)
+	if err := os.Rename(held, sink); err != nil && !errors.Is(err, os.ErrNotExist) {
+		dr.t.Fatal(err)
+	}
 	trail := dr.up()
 	time.Sleep(time.Duration(200+dr.rng.IntN(400)) * time.Millisecond)
 	dr.stopServe()
-	if err := os.RemoveAll(filepath.Join(backup, "sink")); err != nil {
-		dr.t.Fatal(err)
-	}
-	if err := os.Rename(filepath.Join(dr.data, "sink"), filepath.Join(backup, "sink")); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Rename(sink, filepath.Join(backup, "sink")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		dr.t.Fatal(err)
 	}
 	old := dr.data + ".old"

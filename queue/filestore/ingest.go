@@ -418,7 +418,7 @@ func (q *Queue) catchUpAll() error {
 		defer func() {
 			for why, n := range q.resets {
 				if n > resetsLogged {
-					q.log.Warn(fmt.Sprintf("%d logs %s under the store in all, %d more than the warnings above (a copy or a restore of the data directory?): each indexed again from its start", n, why, n-resetsLogged),
+					q.log.Warn(fmt.Sprintf("%d logs %s under the store in all, %d more than the warnings above (a copy or a restore of the data directory?): each indexed again from its start; if it was restored from a backup, stop serve and run outbox doctor --after-restore, or what was delivered since the backup is delivered again", n, why, n-resetsLogged),
 						"operation", "ingest", "status", "reindexed", "count", n)
 				}
 			}
