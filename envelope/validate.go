@@ -274,6 +274,7 @@ func encodingRefusals(cp *Envelope) []Problem {
 // Rule texts shared by several checks.
 const (
 	ruleUTF8       = "must be valid UTF-8"
+	ruleDupKey     = "appears twice in its object (JSON readers disagree on which one counts)"
 	ruleNoControl  = "must not contain control characters"
 	ruleMoatRefs   = "required non-empty (moat rule)"
 	ruleMoatLink   = "required (moat rule)"
@@ -322,8 +323,12 @@ func checkDoc(data []byte, typed *Envelope, facts *docFacts) (*Envelope, []Probl
 	}
 	schemaProbs := schemaProblems(inst)
 
-	// Strings that decoding would silently repair.
+	// Strings that decoding would silently repair, and names that
+	// decoding would silently drop (a typed envelope's encoding has none).
 	goProbs := utf8Problems(data)
+	if typed == nil {
+		goProbs = append(goProbs, duplicateKeyProblems(data)...)
+	}
 
 	// Decode into the Go types, field by field so that a failure is
 	// attributed to its field.
@@ -833,6 +838,19 @@ type jsonWalker struct {
 	data []byte
 	i    int
 	fn   func(path string, raw []byte, what walkKind)
+	dup  func(path string) // a member whose name its object had already (nil: not looked for)
+}
+
+// duplicateKeyProblems finds the object members, down to maxWalkDepth,
+// whose name their object holds already: encoding/json keeps the last,
+// other readers of a log the first.
+func duplicateKeyProblems(data []byte) []Problem {
+	var out []Problem
+	w := jsonWalker{data: data, fn: func(string, []byte, walkKind) {}, dup: func(path string) {
+		out = append(out, Problem{path, ruleDupKey})
+	}}
+	w.value("", 0)
+	return out
 }
 
 func (w *jsonWalker) space() {
@@ -907,6 +925,7 @@ func (w *jsonWalker) value(path string, depth int) {
 	switch w.data[w.i] {
 	case '{':
 		w.i++
+		var names map[string]bool
 		for {
 			w.space()
 			if w.i >= len(w.data) || w.data[w.i] == '}' {
@@ -918,6 +937,15 @@ func (w *jsonWalker) value(path string, depth int) {
 			var key string
 			_ = json.Unmarshal(keyRaw, &key)
 			child := joinKey(path, key)
+			if w.dup != nil {
+				if names == nil {
+					names = map[string]bool{}
+				}
+				if names[key] {
+					w.dup(child)
+				}
+				names[key] = true
+			}
 			w.fn(child, keyRaw, walkKey)
 			w.space()
 			w.i++ // ':'

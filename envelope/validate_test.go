@@ -909,3 +909,37 @@ func TestValidEncodingRows_Segments(t *testing.T) {
 		}
 	}
 }
+
+// A name twice in one object is refused where it is (encoding/json keeps
+// the last, other readers of a log the first), its escaped spelling too;
+// the same name in two objects is fine.
+func TestParse_DuplicateKeys(t *testing.T) {
+	good := string(readFixture(t, "reply-text.v1.golden.json"))
+	for _, tc := range []struct {
+		name, doc string
+		want      []string // paths
+	}{
+		{"top level", strings.Replace(good, `"user_id": "u_42",`, `"user_id": "u_42", "user_id": "u_43",`, 1), []string{"user_id"}},
+		{"escaped", strings.Replace(good, `"user_id": "u_42",`, `"user_id": "u_42", "user\u005fid": "u_42",`, 1), []string{"user_id"}},
+		{"nested", strings.Replace(good, `"chat_id": "734519028"`, `"chat_id": "734519028", "chat_id": "1"`, 1), []string{"recipient.chat_id"}},
+		{"in two objects", strings.Replace(good, `"chat_id": "734519028"`, `"chat_id": "734519028", "id": "x"`, 1), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.doc == good {
+				t.Fatal("the fixture did not change")
+			}
+			_, err := envelope.Parse([]byte(tc.doc))
+			var got []string
+			if err != nil {
+				for _, p := range problemsOf(t, err) {
+					if strings.Contains(p.Rule, "appears twice") {
+						got = append(got, p.Path)
+					}
+				}
+			}
+			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Errorf("duplicate problems at %q, want %q (err %v)", got, tc.want, err)
+			}
+		})
+	}
+}
