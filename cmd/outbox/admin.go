@@ -125,7 +125,7 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		if err != nil {
 			return fail(e, "%v", err)
 		}
-		fmt.Fprintf(e.Stdout, "rebuilt: %d envelopes indexed; rows of unknown fate are unresolved (outbox ls --state unresolved)\n", n)
+		fmt.Fprintf(e.Stdout, "rebuilt: %d envelopes indexed; rows of unknown fate are unresolved (outbox ls --state unresolved; outbox resolve --all --class index_rebuilt --as sent|retry settles them all, outbox resolve ID one)\n", n)
 		if rep, err = filestore.Check(*data); err != nil {
 			return fail(e, "%v", err)
 		}
@@ -162,7 +162,7 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 
 // afterRestoreLine is what doctor --after-restore prints on either store.
 func afterRestoreLine(n int) string {
-	return fmt.Sprintf("after restore: %d envelopes had deliveries of unknown fate: they are unresolved (outbox ls --state unresolved; outbox resolve ID --as sent|retry)", n)
+	return fmt.Sprintf("after restore: %d envelopes had deliveries of unknown fate: they are unresolved (outbox ls --state unresolved; outbox resolve --all --class database_restored --as sent|retry settles them all, outbox resolve ID one)", n)
 }
 
 func isOpenFailure(rep *filestore.Report) bool {

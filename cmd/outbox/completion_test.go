@@ -71,10 +71,10 @@ func TestCompletion_BashCompletes(t *testing.T) {
 		{"outbox serve --ad", []string{"--addr"}},
 		{"outbox serve -ad", []string{"-addr"}},
 		{"outbox serve --no-s", []string{"--no-sink"}},
-		{"outbox resolve ID --a", []string{"--as"}}, // flags after an argument too
-		{"outbox serve --data ", nil},               // a flag's value: files, the shell's default
-		{"outbox serve --addr=127", nil},            // likewise
-		{"outbox help ser", []string{"serve"}},      // help's argument is a command
+		{"outbox resolve ID --a", []string{"--all", "--as"}}, // flags after an argument too
+		{"outbox serve --data ", nil},                        // a flag's value: files, the shell's default
+		{"outbox serve --addr=127", nil},                     // likewise
+		{"outbox help ser", []string{"serve"}},               // help's argument is a command
 		{"outbox completion ", []string{"bash", "zsh"}},
 		{"outbox consent ", []string{"show", "set", "lift"}},
 		{"outbox consent s", []string{"show", "set"}},

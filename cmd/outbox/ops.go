@@ -409,18 +409,19 @@ func needArgs(e *env, args []string, n int, usage string) bool {
 }
 
 var (
-	lsState, lsChannel *string
-	lsLimit            *int
-	lsQuarantine       *bool
-	resolveAs          *string
-	consentFlags       struct {
+	lsState, lsChannel, lsClass *string
+	lsLimit                     *int
+	lsQuarantine                *bool
+	resolveAs                   *string
+	resolveBulk, requeueBulk    *bulkFlags
+	consentFlags                struct {
 		digest, push, verified *bool
 		cadence, target        *string
 	}
 )
 
 func init() {
-	register(opCommand("ls", "list deliveries by state and channel (or --quarantine)", "[--state S] [--channel C] [--quarantine] [--json]",
+	register(opCommand("ls", "list deliveries by state and channel (or --quarantine)", "[--state S] [--channel C] [--class C] [--limit N] [--quarantine] [--json]",
 		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
 			if *lsQuarantine {
 				qr, err := b.Quarantined(ctx)
@@ -438,27 +439,21 @@ func init() {
 				tw.Flush()
 				return exitOK
 			}
-			var st envelope.State
-			var ch envelope.Channel
-			var err error
-			if *lsState != "" {
-				if st, err = envelope.ParseState(*lsState); err != nil {
-					fmt.Fprintf(e.Stderr, "Error: --state %q: %v\n", *lsState, err)
-					return exitUsage
-				}
+			sel, code, ok := parseSelection(e, tenant, *lsState, *lsChannel, *lsClass)
+			if !ok {
+				return code
 			}
-			if *lsChannel != "" {
-				if ch, err = envelope.ParseChannel(*lsChannel); err != nil {
-					fmt.Fprintf(e.Stderr, "Error: --channel %q: %v\n", *lsChannel, err)
-					return exitUsage
-				}
+			if *lsLimit < 0 {
+				fmt.Fprintln(e.Stderr, "Error: --limit must be 0 (every row) or more")
+				return exitUsage
 			}
-			if tenant == "*" {
-				tenant = ""
-			}
-			p, err := b.List(ctx, queue.ListFilter{Tenant: tenant, State: st, Channel: ch, Limit: *lsLimit})
+			rows, more, err := sel.rows(ctx, b, *lsLimit)
 			if err != nil {
 				return opErr(e, err)
+			}
+			p := &queue.Page{Rows: rows}
+			if p.Rows == nil {
+				p.Rows = []queue.Row{}
 			}
 			if js {
 				return printJSON(e, p)
@@ -469,14 +464,15 @@ func init() {
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", r.Key.Tenant, r.Key.EnvelopeID, r.Key.Segment, r.Channel, r.State, r.Attempts, dash(string(r.Class)), r.UpdatedAt.Format(time.RFC3339))
 			}
 			tw.Flush()
-			if p.Next != "" {
-				fmt.Fprintln(e.Stderr, "(more rows: raise --limit)")
+			if more {
+				fmt.Fprintf(e.Stderr, "(more rows: raise --limit, or --limit 0 for every one)\n")
 			}
 			return exitOK
 		}, func(s *settings) {
 			lsState = s.fs.String("state", "", "only rows in this state")
 			lsChannel = s.fs.String("channel", "", "only rows of this channel")
-			lsLimit = s.fs.Int("limit", 100, "at most this many rows")
+			lsClass = s.fs.String("class", "", "only rows with this error class (index_rebuilt, database_restored, reconcile_unknown, …)")
+			lsLimit = s.fs.Int("limit", 100, "at most this many rows (0 = every row)")
 			lsQuarantine = s.fs.Bool("quarantine", false, "list quarantined log lines instead")
 		}))
 	register(opCommand("show", "show one envelope: state, segments, attempt history", "ID [--json]",
@@ -501,8 +497,24 @@ func init() {
 			}
 			return exitOK
 		}, nil))
-	register(opCommand("requeue", "return a dead-lettered, unresolved or suppressed envelope to pending (refused, with the reason, while consent refuses it)", "ID",
+	register(opCommand("requeue", "return a dead-lettered, unresolved, expired or suppressed envelope to pending (refused, with the reason, while consent refuses it); --all: every one the filters pick", "ID | --all --state S [--channel C] [--class C] [--dry-run]",
 		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
+			if *requeueBulk.all {
+				if len(args) != 0 || *requeueBulk.state == "" {
+					fmt.Fprintln(e.Stderr, "Error: usage: outbox requeue --all --state dead_letter|unresolved|expired|suppressed [--channel C] [--class C] [--tenant T|'*'] [--dry-run] (no ID)")
+					return exitUsage
+				}
+				sel, code, ok := parseSelection(e, tenant, *requeueBulk.state, *requeueBulk.channel, *requeueBulk.class)
+				if !ok {
+					return code
+				}
+				res, err := bulk(ctx, b, sel, *requeueBulk.dryRun, b.Requeue)
+				return printBulk(e, js, sel, "requeue", "requeued", "", res, err)
+			}
+			if requeueBulk.used() {
+				fmt.Fprintln(e.Stderr, "Error: --state, --channel, --class and --dry-run go with --all")
+				return exitUsage
+			}
 			if !needArgs(e, args, 1, "requeue ID") {
 				return exitUsage
 			}
@@ -511,15 +523,31 @@ func init() {
 			}
 			fmt.Fprintf(e.Stdout, "requeued %s/%s\n", tenant, args[0])
 			return exitOK
-		}, nil))
-	register(opCommand("resolve", "settle an unresolved envelope as sent or retry", "ID --as sent|retry",
+		}, func(s *settings) { requeueBulk = addBulkFlags(s, true) }))
+	register(opCommand("resolve", "settle an unresolved envelope as sent or retry; --all: every unresolved one the filters pick", "ID --as sent|retry | --all --as sent|retry [--channel C] [--class C] [--dry-run]",
 		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
-			if !needArgs(e, args, 1, "resolve ID --as sent|retry") {
-				return exitUsage
-			}
 			as := map[string]envelope.State{"sent": envelope.StateSent, "retry": envelope.StateRetryable, "retryable": envelope.StateRetryable}[*resolveAs]
 			if as == "" {
 				fmt.Fprintln(e.Stderr, "Error: --as must be sent or retry")
+				return exitUsage
+			}
+			if *resolveBulk.all {
+				if len(args) != 0 {
+					fmt.Fprintln(e.Stderr, "Error: usage: outbox resolve --all --as sent|retry [--channel C] [--class C] [--tenant T|'*'] [--dry-run] (no ID)")
+					return exitUsage
+				}
+				sel, code, ok := parseSelection(e, tenant, string(envelope.StateUnresolved), *resolveBulk.channel, *resolveBulk.class)
+				if !ok {
+					return code
+				}
+				res, err := bulk(ctx, b, sel, *resolveBulk.dryRun, func(ctx context.Context, t, id string) error { return b.Resolve(ctx, t, id, as) })
+				return printBulk(e, js, sel, "resolve", "resolved", " as "+string(as), res, err)
+			}
+			if resolveBulk.used() {
+				fmt.Fprintln(e.Stderr, "Error: --channel, --class and --dry-run go with --all")
+				return exitUsage
+			}
+			if !needArgs(e, args, 1, "resolve ID --as sent|retry") {
 				return exitUsage
 			}
 			if err := b.Resolve(ctx, tenant, args[0], as); err != nil {
@@ -529,6 +557,7 @@ func init() {
 			return exitOK
 		}, func(s *settings) {
 			resolveAs = s.fs.String("as", "", "sent (the message did go out) or retry (deliver it again)")
+			resolveBulk = addBulkFlags(s, false)
 		}))
 	register(opCommand("consent", "show, set or lift a user's consent: consent show USER | consent set USER [--digest] [--push] [--email-verified] | consent lift USER CHANNEL [--target T]", "show|set|lift USER [CHANNEL] [flags]",
 		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
