@@ -508,6 +508,10 @@ func init() {
 				if !ok {
 					return code
 				}
+				if !queue.Requeueable(sel.filter.State) {
+					fmt.Fprintf(e.Stderr, "Error: --state %s: requeue applies to dead_letter, unresolved, expired and suppressed rows\n", sel.filter.State)
+					return exitUsage
+				}
 				res, err := bulk(ctx, b, sel, *requeueBulk.dryRun, b.Requeue)
 				return printBulk(e, js, sel, "requeue", "requeued", "", res, err)
 			}
