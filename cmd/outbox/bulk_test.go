@@ -33,6 +33,40 @@ func chatLines(prefix string, n int) string {
 	return b.String()
 }
 
+// rebuiltStore is a file store of n telegram replies (chatLines) whose
+// index was rebuilt: every row is unresolved (index_rebuilt).
+func rebuiltStore(t *testing.T, prefix string, n int) *filestore.Queue {
+	t.Helper()
+	dir := t.TempDir()
+	q, err := filestore.Open(dir, &filestore.Options{DisableWatcher: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var envs []*envelope.Envelope
+	for _, line := range strings.Split(strings.TrimSpace(chatLines(prefix, n)), "\n") {
+		env, err := envelope.Parse([]byte(line))
+		if err != nil {
+			t.Fatal(err)
+		}
+		envs = append(envs, env)
+	}
+	if _, err := q.Enqueue(context.Background(), envs...); err != nil {
+		t.Fatal(err)
+	}
+	q.Close()
+	if err := os.Remove(filepath.Join(dir, filestore.IndexFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := filestore.Rebuild(dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	if q, err = filestore.Open(dir, &filestore.Options{DisableWatcher: true}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	return q
+}
+
 func unresolvedOf(t *testing.T, counts string) int {
 	t.Helper()
 	var c queue.Counts
@@ -101,6 +135,7 @@ func TestBulk_AfterALostIndex(t *testing.T) {
 		{"requeue", "--all"},
 		{"requeue", "r-1", "--dry-run"},
 		{"requeue", "--all", "--state", "unresolve"},
+		{"requeue", "--all", "--state", "pending"},
 	} {
 		if _, errs, code := runCmd(t, append(args, "--data", data)...); code != exitUsage {
 			t.Errorf("%v = %d %s, want a usage error", args, code, errs)
@@ -146,34 +181,8 @@ func TestBulk_AfterALostIndex(t *testing.T) {
 // socket's calls; an envelope the store refuses is reported with its
 // reason, the others are done, and the command exits 1.
 func TestBulk_OperatorSocket(t *testing.T) {
-	dir := t.TempDir()
-	q, err := filestore.Open(dir, &filestore.Options{DisableWatcher: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := rebuiltStore(t, "s", 4)
 	ctx := context.Background()
-	var envs []*envelope.Envelope
-	for _, line := range strings.Split(strings.TrimSpace(chatLines("s", 4)), "\n") {
-		env, err := envelope.Parse([]byte(line))
-		if err != nil {
-			t.Fatal(err)
-		}
-		envs = append(envs, env)
-	}
-	if _, err := q.Enqueue(ctx, envs...); err != nil {
-		t.Fatal(err)
-	}
-	q.Close()
-	if err := os.Remove(filepath.Join(dir, filestore.IndexFile)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := filestore.Rebuild(dir, nil); err != nil {
-		t.Fatal(err)
-	}
-	if q, err = filestore.Open(dir, &filestore.Options{DisableWatcher: true}); err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
 	srv := httptest.NewServer(operatorHandler(&directBackend{q: q}))
 	defer srv.Close()
 	b := &socketBackend{c: &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

@@ -35,6 +35,10 @@ const maxNotRun = 3
 // last line ("# exit 1: why"); 0 without one.
 var wantExit = regexp.MustCompile(`\s# exit (\d+)\b[^'"]*$`)
 
+// consoleLine is `outbox console …`, which runs until stopped: the test
+// starts it on a free port, waits for the URL it prints, and stops it.
+var consoleLine = regexp.MustCompile(`^(outbox console\b[^&#|;]*)(#.*)?$`)
+
 // serveLine is `outbox serve … &`: the test starts it on a free port.
 var serveLine = regexp.MustCompile(`^(outbox serve\b[^&#]*)&\s*(#.*)?$`)
 
@@ -142,7 +146,8 @@ func shCommands(t *testing.T, b shBlock) []shCommand {
 // The bash functions the session runs the commands with. __serve starts
 // serve in the background on a free port and waits for its "listening on"
 // line (or its exit); the EXIT trap stops it with SIGTERM, as a reader's
-// Ctrl-C would.
+// Ctrl-C would. __console runs outbox console until it prints its URL,
+// then stops it with SIGINT (Ctrl-C).
 const readmePrelude = `
 __serve() {
   rm -f "$__T/serve.fifo" && mkfifo "$__T/serve.fifo" || return 1
@@ -157,6 +162,14 @@ __serve() {
   cat <&3 >>"$__T/serve.log" &
   exec 3<&-
   [ -n "${__ADDR:-}" ]
+}
+__console() {
+  "$@" --addr 127.0.0.1:0 >"$__T/console.out" 2>&1 &
+  local pid=$! i
+  for i in $(seq 100); do grep -q 'login?key=' "$__T/console.out" && break; sleep 0.1; done
+  kill -INT "$pid" 2>/dev/null; wait "$pid"; local rc=$?
+  cat "$__T/console.out"
+  grep -q 'login?key=' "$__T/console.out" && [ "$rc" = 0 ]
 }
 __stop() {
   if [ -n "${__SERVE_PID:-}" ]; then kill -TERM "$__SERVE_PID" 2>/dev/null; wait "$__SERVE_PID"; echo "__README_SERVE_EXIT $?"; fi
@@ -182,6 +195,8 @@ func readmeScript(t *testing.T, cmds []shCommand) string {
 				t.Fatalf("README:%d: a second outbox serve; the test runs one", c.line)
 			}
 			text, serving = "__serve "+strings.TrimSpace(m[1]), true
+		} else if m := consoleLine.FindStringSubmatch(strings.TrimSpace(text)); m != nil {
+			text = "__console " + strings.TrimSpace(m[1])
 		} else if background.MatchString(text) {
 			t.Fatalf("README:%d: a command left running in the background (only outbox serve & is):\n%s", c.line, text)
 		}
