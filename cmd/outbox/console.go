@@ -403,6 +403,11 @@ func (c *console) rows(w http.ResponseWriter, r *http.Request, b backend, p *pag
 func (c *console) envelope(w http.ResponseWriter, r *http.Request, b backend, p *page) (int, string) {
 	tenant, id := r.FormValue("tenant"), r.FormValue("id")
 	st, err := b.Get(r.Context(), tenant, id)
+	if errors.Is(err, queue.ErrNotFound) {
+		p.Title, p.FlashError = "Not found", true
+		p.Message = fmt.Sprintf("Tenant %q has no envelope %q (erased, pruned after the retention, or in another tenant: the Deliveries page lists every tenant's).", tenant, id)
+		return http.StatusNotFound, "message"
+	}
 	if err != nil {
 		return storeError(p, err)
 	}
