@@ -178,7 +178,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	if dsn != "" && *f.relaxed {
 		return fileOnly(e, "--relaxed-durability")
 	}
-	token, err := secret(e, "INTERNAL_OUTBOX_TOKEN")
+	tokens, tokenFile, err := serveTokens(e)
 	if err != nil {
 		return fail(e, "%v", err)
 	}
@@ -187,10 +187,12 @@ func runServe(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.Stderr, "Error: --addr %q is not host:port\n", *f.addr)
 		return exitUsage
 	}
-	if token != "" && len(token) < httpapi.MinTokenBytes {
-		return fail(e, "INTERNAL_OUTBOX_TOKEN is %d bytes; it must be at least %d (e.g. openssl rand -hex 32)", len(token), httpapi.MinTokenBytes)
-	}
-	if token == "" {
+	var tokenSet *httpapi.Tokens
+	if len(tokens) > 0 {
+		if tokenSet, err = httpapi.NewTokens(tokens...); err != nil {
+			return fail(e, "%v", err)
+		}
+	} else {
 		if !isLoopback(host) {
 			return fail(e, "refusing to listen on %s without INTERNAL_OUTBOX_TOKEN: set it (or INTERNAL_OUTBOX_TOKEN_FILE), or listen on 127.0.0.1", *f.addr)
 		}
@@ -236,7 +238,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	}
 
 	api, err := httpapi.New(httpapi.Config{
-		Store: a.q, Token: token, MaxBody: int64(*f.maxBody), MaxInflight: int64(*f.maxInflight), Logger: log, Unsub: a.unsub, Brand: brand,
+		Store: a.q, Tokens: tokenSet, MaxBody: int64(*f.maxBody), MaxInflight: int64(*f.maxInflight), Logger: log, Unsub: a.unsub, Brand: brand,
 		VAPIDPublicKey: a.vapidPub, SeamLease: *f.seamLease,
 		Ready: func() bool { return ready(a.q) },
 	})
@@ -291,6 +293,9 @@ func runServe(ctx context.Context, e *env, args []string) int {
 		bg.Go(func() { _ = a.poller.Run(runCtx) })
 	}
 	bg.Go(func() { runPruner(runCtx, a.q, time.Hour, log) })
+	if tokenFile != "" && tokenSet != nil {
+		bg.Go(func() { watchTokens(runCtx, tokenFile, tokenSet, log) })
+	}
 	srvErr := make(chan error, 2)
 	go func() { srvErr <- srv.Serve(ln) }()
 	if opSrv != nil {

@@ -3,10 +3,7 @@ package httpapi
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -53,6 +50,9 @@ type Config struct {
 	// are not served (404); `outbox serve` then refuses to listen on
 	// anything but loopback.
 	Token string
+	// Tokens, in place of Token, is a set of tokens that can be replaced
+	// while the handler serves (a rotation); set one of the two.
+	Tokens *Tokens
 	// MaxBody bounds request bodies (default DefaultMaxBody, 1 MiB); a
 	// larger body is answered 413 body_too_large.
 	MaxBody int64
@@ -105,9 +105,8 @@ type api struct {
 	cfg      Config
 	log      *slog.Logger
 	mux      *http.ServeMux
-	tokenKey []byte // random key of the token HMAC
-	tokenMAC []byte // HMAC of the configured token under tokenKey
-	pages    *pages // the unsubscribe pages
+	tokens   *Tokens // nil: /v1 and /internal are not served
+	pages    *pages  // the unsubscribe pages
 	leases   *leaseCache
 	inflight inflight // the bytes of request bodies in flight
 	served   []route  // what routes registered, in order (the OpenAPI tests read it)
@@ -138,6 +137,9 @@ func newAPI(cfg Config) (*api, error) {
 	if cfg.Token != "" && len(cfg.Token) < MinTokenBytes {
 		return nil, fmt.Errorf("httpapi: Config.Token must be at least %d bytes", MinTokenBytes)
 	}
+	if cfg.Token != "" && cfg.Tokens != nil {
+		return nil, errors.New("httpapi: set Config.Token or Config.Tokens, not both")
+	}
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
@@ -162,12 +164,11 @@ func newAPI(cfg Config) (*api, error) {
 	}
 	a := &api{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), leases: newLeaseCache(maxSeamLeases),
 		inflight: inflight{limit: cfg.MaxInflight}, pages: pg}
+	a.tokens = cfg.Tokens
 	if cfg.Token != "" {
-		a.tokenKey = make([]byte, 32)
-		if _, err := rand.Read(a.tokenKey); err != nil {
-			return nil, fmt.Errorf("httpapi: token key: %w", err)
+		if a.tokens, err = NewTokens(cfg.Token); err != nil {
+			return nil, err
 		}
-		a.tokenMAC = a.macToken(cfg.Token)
 	}
 	a.routes()
 	if a.doc, err = tailor(openAPI, a.served); err != nil {
@@ -191,7 +192,7 @@ func (a *api) routes() {
 	a.handle("GET /healthz", public, a.healthz)
 	a.handle("GET /readyz", public, a.readyz)
 	a.handle("GET /openapi.json", public, a.openapi)
-	if a.cfg.Token != "" {
+	if a.tokens != nil {
 		a.handle("POST /v1/envelopes", tokenOnly, a.postEnvelopes)
 		a.handle("GET /v1/envelopes", tokenOnly, a.listEnvelopes)
 		a.handle("GET /v1/envelopes/{id}", tokenOnly, a.getEnvelope)
@@ -208,7 +209,7 @@ func (a *api) routes() {
 		a.handle("POST /unsubscribe/{token}", public, a.unsubscribe)
 		a.handle("POST /unsubscribe/{token}/resubscribe", public, a.resubscribe)
 	}
-	if a.cfg.User != nil || a.cfg.Token != "" {
+	if a.cfg.User != nil || a.tokens != nil {
 		acc := public // Config.User authenticates
 		if a.cfg.User == nil {
 			acc = tokenOnly
@@ -238,7 +239,7 @@ func (a *api) noRoute(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Allow", strings.Join(allow, ", "))
 		return newError(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "method "+r.Method+" not allowed here (allowed: "+strings.Join(allow, ", ")+")")
 	}
-	if a.cfg.Token == "" && (strings.HasPrefix(r.URL.Path, "/v1/") || strings.HasPrefix(r.URL.Path, "/internal/")) {
+	if a.tokens == nil && (strings.HasPrefix(r.URL.Path, "/v1/") || strings.HasPrefix(r.URL.Path, "/internal/")) {
 		return newError(http.StatusNotFound, CodeNotFound, "the API is not served: no API token is configured (outbox serve: set INTERNAL_OUTBOX_TOKEN)")
 	}
 	return newError(http.StatusNotFound, CodeNotFound, "no such route")
@@ -304,27 +305,17 @@ func (a *api) fail(w http.ResponseWriter, op, rid string, err error) {
 	writeError(w, ae)
 }
 
-// macToken returns the HMAC of a token under the handler's random key.
-func (a *api) macToken(tok string) []byte {
-	m := hmac.New(sha256.New, a.tokenKey)
-	m.Write([]byte(tok))
-	return m.Sum(nil)
-}
-
-// authorized reports whether r carries the bearer token. The comparison
-// is of two HMAC-SHA256 values of equal length under a random key, in
-// constant time (crypto/subtle), so neither the token's bytes nor its
-// length leak through timing.
+// authorized reports whether r carries one of the bearer tokens
+// (Tokens.match: in constant time).
 func (a *api) authorized(r *http.Request) bool {
-	if a.tokenMAC == nil {
+	if a.tokens == nil {
 		return false
 	}
 	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return false
 	}
-	got := a.macToken(strings.TrimSpace(tok))
-	return subtle.ConstantTimeCompare(got, a.tokenMAC) == 1
+	return a.tokens.match(strings.TrimSpace(tok))
 }
 
 func (a *api) healthz(w http.ResponseWriter, r *http.Request) error {

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/outboxhq/outbox/queue/httpapi"
+)
+
+// serveTokens reads the bearer tokens of serve: INTERNAL_OUTBOX_TOKEN
+// (one), or the lines of INTERNAL_OUTBOX_TOKEN_FILE, whose path it
+// returns (serve watches it). None is no error: /v1 and /internal are then
+// not served.
+func serveTokens(e *env) (tokens []string, file string, err error) {
+	const name = "INTERNAL_OUTBOX_TOKEN"
+	v, file := strings.TrimSpace(e.Getenv(name)), strings.TrimSpace(e.Getenv(name+"_FILE"))
+	switch {
+	case v != "" && file != "":
+		return nil, "", fmt.Errorf("set only one of %s and %s_FILE", name, name)
+	case v != "":
+		if len(v) < httpapi.MinTokenBytes {
+			return nil, "", fmt.Errorf("%s is %d bytes; it must be at least %d (e.g. openssl rand -hex 32)", name, len(v), httpapi.MinTokenBytes)
+		}
+		return []string{v}, "", nil
+	case file == "":
+		return nil, "", nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, "", fmt.Errorf("read %s_FILE: %w", name, err)
+	}
+	if tokens, err = parseTokenFile(b); err != nil {
+		return nil, "", fmt.Errorf("%s_FILE %s: %w", name, file, err)
+	}
+	return tokens, file, nil
+}
+
+// parseTokenFile reads one token per line; blank lines and lines that
+// start with # are skipped. Errors name a line, never its content.
+func parseTokenFile(b []byte) ([]string, error) {
+	var out []string
+	for i, line := range bytes.Split(b, []byte("\n")) {
+		tok := string(bytes.TrimSpace(line))
+		if tok == "" || strings.HasPrefix(tok, "#") {
+			continue
+		}
+		switch {
+		case len(tok) < httpapi.MinTokenBytes:
+			return nil, fmt.Errorf("line %d: the token is %d bytes; it must be at least %d (e.g. openssl rand -hex 32)", i+1, len(tok), httpapi.MinTokenBytes)
+		case strings.ContainsAny(tok, " \t"):
+			return nil, fmt.Errorf("line %d: a token holds no space (one token per line)", i+1)
+		}
+		out = append(out, tok)
+	}
+	if len(out) > httpapi.MaxTokens {
+		return nil, fmt.Errorf("%d tokens; at most %d", len(out), httpapi.MaxTokens)
+	}
+	return out, nil
+}
+
+// tokenPoll is how often serve looks at INTERNAL_OUTBOX_TOKEN_FILE.
+var tokenPoll = time.Second
+
+// watchTokens gives set the tokens of file whenever the file changes,
+// until ctx ends: a token is rotated by listing the new one beside the old,
+// moving the clients, then removing the old. A file that cannot be read or
+// holds no valid token leaves the tokens in use, with a warning.
+func watchTokens(ctx context.Context, file string, set *httpapi.Tokens, log *slog.Logger) {
+	const op = "tokens"
+	last, _ := os.Stat(file)
+	failing := ""
+	warn := func(why string) {
+		if why != failing {
+			log.Warn("INTERNAL_OUTBOX_TOKEN_FILE "+file+": "+why+"; the tokens in use stay", "operation", op, "status", "kept", "tokens", set.Len())
+		}
+		failing = why
+	}
+	t := time.NewTicker(tokenPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		fi, err := os.Stat(file)
+		if err != nil {
+			warn("cannot be read (" + errClass(err) + ")")
+			continue
+		}
+		if last != nil && os.SameFile(fi, last) && fi.ModTime().Equal(last.ModTime()) && fi.Size() == last.Size() && failing == "" {
+			continue
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			warn("cannot be read (" + errClass(err) + ")")
+			continue
+		}
+		last = fi
+		toks, err := parseTokenFile(b)
+		if err == nil && len(toks) == 0 {
+			err = fmt.Errorf("no token in it")
+		}
+		if err == nil {
+			err = set.Set(toks...)
+		}
+		if err != nil {
+			warn(err.Error())
+			continue
+		}
+		failing = ""
+		log.Info("INTERNAL_OUTBOX_TOKEN_FILE "+file+" changed: its tokens are the ones accepted now", "operation", op, "status", "reloaded", "tokens", len(toks))
+	}
+}
+
+// errClass names a file error without its path.
+func errClass(err error) string {
+	switch {
+	case os.IsNotExist(err):
+		return "missing"
+	case os.IsPermission(err):
+		return "permission denied"
+	}
+	return "error"
+}
