@@ -114,7 +114,7 @@ func runConsole(ctx context.Context, e *env, args []string) int {
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
-		return fail(e, "%v", err)
+		return fail(e, "%v (another console or program on it? choose a port with --addr 127.0.0.1:PORT, 0 for any)", err)
 	}
 	if err := c.keyed(ln.Addr()); err != nil {
 		return fail(e, "%v", err)

@@ -146,7 +146,7 @@ func runDemo(ctx context.Context, e *env, args []string) int {
 	if fresh == 0 {
 		fmt.Fprintln(e.Stdout, "\nnothing new was sent: every envelope was a duplicate (delete the data directory to start over)")
 	} else {
-		fmt.Fprintf(e.Stdout, "\n%d envelope(s) delivered to the sink. Open the .eml in a mail client; \"go run ./cmd/outbox ls --data %s\" lists the rows.\n", fresh, *data)
+		fmt.Fprintf(e.Stdout, "\n%d envelope(s) delivered to the sink. Open the .eml in a mail client; \"go run ./cmd/outbox ls --data %s\" lists the rows, \"go run ./cmd/outbox console --data %s\" shows them in a browser.\n", fresh, *data, *data)
 	}
 	return exitOK
 }
