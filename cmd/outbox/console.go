@@ -163,6 +163,7 @@ func (c *console) handler() http.Handler {
 	mux.Handle("GET /rows", c.authed(c.rows))
 	mux.Handle("GET /envelope", c.authed(c.envelope))
 	mux.Handle("GET /quarantine", c.authed(c.quarantine))
+	mux.Handle("GET /doctor", c.authed(c.doctor))
 	mux.Handle("POST /act", c.authed(c.act))
 	mux.Handle("POST /bulk", c.authed(c.bulk))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -206,6 +207,10 @@ type page struct {
 
 	Quarantine []filestore.QuarantineRecord
 	Message    string
+
+	Report         *filestore.Report
+	Free, Advice   string
+	DoctorDuration string
 }
 
 type countLine struct {
@@ -517,4 +522,23 @@ func (c *console) quarantine(w http.ResponseWriter, r *http.Request, b backend, 
 	}
 	p.Quarantine = q
 	return http.StatusOK, "quarantine"
+}
+
+// doctor runs outbox doctor's check (read-only; on files) and shows it.
+func (c *console) doctor(w http.ResponseWriter, r *http.Request, b backend, p *page) (int, string) {
+	p.Title = "Doctor"
+	start := time.Now()
+	rep, err := b.Check(r.Context())
+	if err != nil {
+		return storeError(p, err)
+	}
+	p.Report, p.DoctorDuration = rep, time.Since(start).Round(time.Millisecond).String()
+	p.Free = humanBytes(rep.FreeBytes) + " free"
+	if rep.FreeInodes != nil {
+		p.Free += ", " + strconv.FormatUint(*rep.FreeInodes, 10) + " inodes free"
+	}
+	if !rep.OK() {
+		p.Advice = doctorAdvice(rep.Problems)
+	}
+	return http.StatusOK, "doctor"
 }

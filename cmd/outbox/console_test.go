@@ -7,6 +7,8 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -265,5 +267,26 @@ func startConsole(t *testing.T, getenv func(string) string, args ...string) (str
 		case <-time.After(10 * time.Second):
 			t.Fatal("console did not stop with its context")
 		}
+	}
+}
+
+// The doctor page runs outbox doctor's check: ok on a healthy store; a
+// log deleted under it is a problem, with doctor's advice.
+func TestConsole_Doctor(t *testing.T) {
+	q := rebuiltStore(t, "d", 3)
+	_, base, cl := consoleOn(t, &directBackend{q: q})
+	if code, body := get(t, cl, base+"/doctor"); code != http.StatusOK || !strings.Contains(body, `state-ok">ok<`) || !strings.Contains(body, "<dt>Envelopes</dt><dd>3</dd>") {
+		t.Fatalf("doctor on a healthy store = %d\n%s", code, body)
+	}
+	logs, _ := filepath.Glob(filepath.Join(q.Dir(), "logs", "default-*", "*.jsonl"))
+	if len(logs) == 0 {
+		t.Fatal("no log")
+	}
+	if err := os.Remove(logs[0]); err != nil {
+		t.Fatal(err)
+	}
+	code, body := get(t, cl, base+"/doctor")
+	if code != http.StatusOK || !strings.Contains(body, "<h2>Problems</h2>") || !strings.Contains(body, "outbox doctor") {
+		t.Fatalf("doctor after a log was deleted = %d\n%s", code, body)
 	}
 }
