@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -314,9 +315,14 @@ func (c *console) authed(h handlerFunc) http.Handler {
 }
 
 func (c *console) render(w http.ResponseWriter, status int, tmpl string, p *page) {
+	var buf bytes.Buffer // a template that fails answers 500, not half a page
+	if err := consoleTmpl.ExecuteTemplate(&buf, tmpl, p); err != nil {
+		http.Error(w, "the console could not draw this page", http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
-	_ = consoleTmpl.ExecuteTemplate(w, tmpl, p)
+	w.Write(buf.Bytes())
 }
 
 func (c *console) login(w http.ResponseWriter, r *http.Request) {
