@@ -11,10 +11,12 @@ import (
 )
 
 // selection is the rows ls lists and resolve --all and requeue --all act
-// on: a List filter, and the class, which List does not filter on.
+// on: a List filter, and the class and the user, which List does not
+// filter on.
 type selection struct {
 	filter queue.ListFilter // Tenant ("" = every tenant), State, Channel
 	class  envelope.ErrorClass
+	user   string
 }
 
 // rows returns up to limit rows of sel (0 = every one), paging through the
@@ -28,7 +30,7 @@ func (sel selection) rows(ctx context.Context, b backend, limit int) (rows []que
 			return nil, false, err
 		}
 		for _, r := range p.Rows {
-			if sel.class != "" && r.Class != sel.class {
+			if (sel.class != "" && r.Class != sel.class) || (sel.user != "" && r.UserID != sel.user) {
 				continue
 			}
 			if limit > 0 && len(rows) == limit {
@@ -59,6 +61,9 @@ func (sel selection) describe() string {
 	}
 	if sel.class != "" {
 		parts = append(parts, "class "+string(sel.class))
+	}
+	if sel.user != "" {
+		parts = append(parts, "user "+sel.user)
 	}
 	return strings.Join(parts, ", ")
 }
@@ -156,7 +161,8 @@ func printBulk(e *env, js bool, sel selection, verb, done, how string, res *bulk
 
 // parseSelection reads the flags of a selection; tenant "*" is every
 // tenant. On a bad flag it has written the error, and ok is false.
-func parseSelection(e *env, tenant, state, channel, class string) (sel selection, code int, ok bool) {
+func parseSelection(e *env, tenant, state, channel, class, user string) (sel selection, code int, ok bool) {
+	sel.user = user
 	if tenant != "*" {
 		sel.filter.Tenant = tenant
 	}
@@ -180,8 +186,8 @@ func parseSelection(e *env, tenant, state, channel, class string) (sel selection
 // bulkFlags are resolve's and requeue's flags for acting on every envelope
 // of a selection.
 type bulkFlags struct {
-	all, dryRun           *bool
-	state, channel, class *string
+	all, dryRun                 *bool
+	state, channel, class, user *string
 }
 
 func addBulkFlags(s *settings, withState bool) *bulkFlags {
@@ -190,6 +196,7 @@ func addBulkFlags(s *settings, withState bool) *bulkFlags {
 		dryRun:  s.fs.Bool("dry-run", false, "with --all: count what it would act on, change nothing"),
 		channel: s.fs.String("channel", "", "with --all: only rows of this channel"),
 		class:   s.fs.String("class", "", "with --all: only rows with this error class (index_rebuilt, database_restored, reconcile_unknown, …)"),
+		user:    s.fs.String("user", "", "with --all: only this user's rows"),
 	}
 	empty := ""
 	f.state = &empty
@@ -202,5 +209,5 @@ func addBulkFlags(s *settings, withState bool) *bulkFlags {
 // used says whether a filter flag was given, for the error of one without
 // --all.
 func (f *bulkFlags) used() bool {
-	return *f.dryRun || *f.state != "" || *f.channel != "" || *f.class != ""
+	return *f.dryRun || *f.state != "" || *f.channel != "" || *f.class != "" || *f.user != ""
 }

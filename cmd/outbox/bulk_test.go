@@ -134,6 +134,7 @@ func TestBulk_AfterALostIndex(t *testing.T) {
 		{"resolve", "--all"},
 		{"requeue", "--all"},
 		{"requeue", "r-1", "--dry-run"},
+		{"resolve", "r-1", "--as", "sent", "--user", "u1"},
 		{"requeue", "--all", "--state", "unresolve"},
 		{"requeue", "--all", "--state", "pending"},
 	} {
@@ -166,8 +167,16 @@ func TestBulk_AfterALostIndex(t *testing.T) {
 		t.Fatalf("r-0's two segments after resolve --all:\n%s", st)
 	}
 
+	// One user's first (a-1 and a-8 are u1's), then every tenant's.
+	if out, _, _ := runCmd(t, "ls", "--data", data, "--tenant", "acme", "--user", "u1"); strings.Count(out, "unresolved") != 2 {
+		t.Fatalf("ls --user u1:\n%s", out)
+	}
+	out, errs, code = runCmd(t, "requeue", "--all", "--state", "unresolved", "--tenant", "acme", "--user", "u1", "--data", data)
+	if code != 0 || !strings.Contains(out, `requeued 2 of 2 envelopes (tenant "acme", state unresolved, user u1)`) {
+		t.Fatalf("requeue --all --user = %d %s %s", code, out, errs)
+	}
 	out, errs, code = runCmd(t, "requeue", "--all", "--state", "unresolved", "--tenant", "*", "--data", data)
-	if code != 0 || !strings.Contains(out, "requeued 12 of 12 envelopes (every tenant, state unresolved)") {
+	if code != 0 || !strings.Contains(out, "requeued 10 of 10 envelopes (every tenant, state unresolved)") {
 		t.Fatalf("requeue --all = %d %s %s", code, out, errs)
 	}
 	out, _, _ = runCmd(t, "stats", "--data", data, "--tenant", "acme", "--json")

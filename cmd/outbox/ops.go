@@ -409,19 +409,19 @@ func needArgs(e *env, args []string, n int, usage string) bool {
 }
 
 var (
-	lsState, lsChannel, lsClass *string
-	lsLimit                     *int
-	lsQuarantine                *bool
-	resolveAs                   *string
-	resolveBulk, requeueBulk    *bulkFlags
-	consentFlags                struct {
+	lsState, lsChannel, lsClass, lsUser *string
+	lsLimit                             *int
+	lsQuarantine                        *bool
+	resolveAs                           *string
+	resolveBulk, requeueBulk            *bulkFlags
+	consentFlags                        struct {
 		digest, push, verified *bool
 		cadence, target        *string
 	}
 )
 
 func init() {
-	register(opCommand("ls", "list deliveries by state and channel (or --quarantine)", "[--state S] [--channel C] [--class C] [--limit N] [--quarantine] [--json]",
+	register(opCommand("ls", "list deliveries by state and channel (or --quarantine)", "[--state S] [--channel C] [--class C] [--user U] [--limit N] [--quarantine] [--json]",
 		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
 			if *lsQuarantine {
 				qr, err := b.Quarantined(ctx)
@@ -439,7 +439,7 @@ func init() {
 				tw.Flush()
 				return exitOK
 			}
-			sel, code, ok := parseSelection(e, tenant, *lsState, *lsChannel, *lsClass)
+			sel, code, ok := parseSelection(e, tenant, *lsState, *lsChannel, *lsClass, *lsUser)
 			if !ok {
 				return code
 			}
@@ -472,6 +472,7 @@ func init() {
 			lsState = s.fs.String("state", "", "only rows in this state")
 			lsChannel = s.fs.String("channel", "", "only rows of this channel")
 			lsClass = s.fs.String("class", "", "only rows with this error class (index_rebuilt, database_restored, reconcile_unknown, …)")
+			lsUser = s.fs.String("user", "", "only this user's rows")
 			lsLimit = s.fs.Int("limit", 100, "at most this many rows (0 = every row)")
 			lsQuarantine = s.fs.Bool("quarantine", false, "list quarantined log lines instead")
 		}))
@@ -497,14 +498,14 @@ func init() {
 			}
 			return exitOK
 		}, nil))
-	register(opCommand("requeue", "return a dead-lettered, unresolved, expired or suppressed envelope to pending (refused, with the reason, while consent refuses it); --all: every one the filters pick", "ID | --all --state S [--channel C] [--class C] [--dry-run]",
+	register(opCommand("requeue", "return a dead-lettered, unresolved, expired or suppressed envelope to pending (refused, with the reason, while consent refuses it); --all: every one the filters pick", "ID | --all --state S [--channel C] [--class C] [--user U] [--dry-run]",
 		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
 			if *requeueBulk.all {
 				if len(args) != 0 || *requeueBulk.state == "" {
-					fmt.Fprintln(e.Stderr, "Error: usage: outbox requeue --all --state dead_letter|unresolved|expired|suppressed [--channel C] [--class C] [--tenant T|'*'] [--dry-run] (no ID)")
+					fmt.Fprintln(e.Stderr, "Error: usage: outbox requeue --all --state dead_letter|unresolved|expired|suppressed [--channel C] [--class C] [--user U] [--tenant T|'*'] [--dry-run] (no ID)")
 					return exitUsage
 				}
-				sel, code, ok := parseSelection(e, tenant, *requeueBulk.state, *requeueBulk.channel, *requeueBulk.class)
+				sel, code, ok := parseSelection(e, tenant, *requeueBulk.state, *requeueBulk.channel, *requeueBulk.class, *requeueBulk.user)
 				if !ok {
 					return code
 				}
@@ -516,7 +517,7 @@ func init() {
 				return printBulk(e, js, sel, "requeue", "requeued", "", res, err)
 			}
 			if requeueBulk.used() {
-				fmt.Fprintln(e.Stderr, "Error: --state, --channel, --class and --dry-run go with --all")
+				fmt.Fprintln(e.Stderr, "Error: --state, --channel, --class, --user and --dry-run go with --all")
 				return exitUsage
 			}
 			if !needArgs(e, args, 1, "requeue ID") {
@@ -528,7 +529,7 @@ func init() {
 			fmt.Fprintf(e.Stdout, "requeued %s/%s\n", tenant, args[0])
 			return exitOK
 		}, func(s *settings) { requeueBulk = addBulkFlags(s, true) }))
-	register(opCommand("resolve", "settle an unresolved envelope as sent or retry; --all: every unresolved one the filters pick", "ID --as sent|retry | --all --as sent|retry [--channel C] [--class C] [--dry-run]",
+	register(opCommand("resolve", "settle an unresolved envelope as sent or retry; --all: every unresolved one the filters pick", "ID --as sent|retry | --all --as sent|retry [--channel C] [--class C] [--user U] [--dry-run]",
 		func(ctx context.Context, e *env, b backend, tenant string, js bool, args []string) int {
 			as := map[string]envelope.State{"sent": envelope.StateSent, "retry": envelope.StateRetryable, "retryable": envelope.StateRetryable}[*resolveAs]
 			if as == "" {
@@ -537,10 +538,10 @@ func init() {
 			}
 			if *resolveBulk.all {
 				if len(args) != 0 {
-					fmt.Fprintln(e.Stderr, "Error: usage: outbox resolve --all --as sent|retry [--channel C] [--class C] [--tenant T|'*'] [--dry-run] (no ID)")
+					fmt.Fprintln(e.Stderr, "Error: usage: outbox resolve --all --as sent|retry [--channel C] [--class C] [--user U] [--tenant T|'*'] [--dry-run] (no ID)")
 					return exitUsage
 				}
-				sel, code, ok := parseSelection(e, tenant, string(envelope.StateUnresolved), *resolveBulk.channel, *resolveBulk.class)
+				sel, code, ok := parseSelection(e, tenant, string(envelope.StateUnresolved), *resolveBulk.channel, *resolveBulk.class, *resolveBulk.user)
 				if !ok {
 					return code
 				}
@@ -548,7 +549,7 @@ func init() {
 				return printBulk(e, js, sel, "resolve", "resolved", " as "+string(as), res, err)
 			}
 			if resolveBulk.used() {
-				fmt.Fprintln(e.Stderr, "Error: --channel, --class and --dry-run go with --all")
+				fmt.Fprintln(e.Stderr, "Error: --channel, --class, --user and --dry-run go with --all")
 				return exitUsage
 			}
 			if !needArgs(e, args, 1, "resolve ID --as sent|retry") {
