@@ -135,11 +135,15 @@ func printBulk(e *env, js bool, sel selection, verb, done, how string, res *bulk
 	if js && res != nil {
 		printJSON(e, res)
 	} else if res != nil {
+		noun := "envelopes"
+		if res.Matched == 1 {
+			noun = "envelope"
+		}
 		switch {
 		case res.DryRun:
-			fmt.Fprintf(e.Stdout, "would %s %d envelopes%s (%s); run it again without --dry-run to do it\n", verb, res.Matched, how, sel.describe())
+			fmt.Fprintf(e.Stdout, "would %s %d %s%s (%s); run it again without --dry-run to do it\n", verb, res.Matched, noun, how, sel.describe())
 		default:
-			fmt.Fprintf(e.Stdout, "%s %d of %d envelopes%s (%s)\n", done, res.Done, res.Matched, how, sel.describe())
+			fmt.Fprintf(e.Stdout, "%s %d of %d %s%s (%s)\n", done, res.Done, res.Matched, noun, how, sel.describe())
 		}
 		const shown = 20
 		for i, f := range res.Failed {
