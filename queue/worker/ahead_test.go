@@ -69,9 +69,15 @@ func startQuick(t *testing.T, cfg Config) *running {
 // leased counts the rows of envs that are sending.
 func leased(t *testing.T, s queue.Store, envs []*envelope.Envelope) int {
 	t.Helper()
+	return inState(t, s, envs, envelope.StateSending)
+}
+
+// inState counts the envelopes of envs whose first row is in st.
+func inState(t *testing.T, s queue.Store, envs []*envelope.Envelope, st envelope.State) int {
+	t.Helper()
 	n := 0
 	for _, e := range envs {
-		if segment(t, s, keyOf(e, 0)).State == envelope.StateSending {
+		if segment(t, s, keyOf(e, 0)).State == st {
 			n++
 		}
 	}
@@ -144,6 +150,9 @@ func TestWorker_NoClaimAheadForAProviderThatCannotRedeliver(t *testing.T) {
 	}
 	for i := 3; i <= len(envs); i++ {
 		g.pass(t, i)
+		// The slot is freed once the call returns, before its commit lands
+		// (deliverLease): until it has, the finished row is still sending.
+		waitFor(t, fmt.Sprintf("%d calls committed", i-2), func() bool { return inState(t, te.store, envs, envelope.StateSent) >= i-2 })
 		if n := leased(t, te.store, envs); n > 2 {
 			t.Fatalf("%d rows leased by 2 slots", n)
 		}
