@@ -362,8 +362,18 @@ func TestWorker_RowsClaimedAheadThatRanOutAreLeftToRecovery(t *testing.T) {
 			t.Errorf("%s delivered %d times", e.ID, d)
 		}
 	}
-	if strings.Contains(logs.String(), "store call failed") {
-		t.Errorf("a store call failed:\n%s", logs.String())
+	// The call in flight outlived its lease too: when recovery takes its
+	// row before the call returns, its commit meets a newer fence (and the
+	// row is reconciled). Any other failed store call is the defect: a
+	// waiting lease that ran out used or released instead of dropped.
+	failed := 0
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "store call failed") {
+			if failed++; failed > 1 || !strings.Contains(line, "operation=commit") || !strings.Contains(line, "stale_fence") {
+				t.Errorf("a store call failed:\n%s", logs.String())
+				break
+			}
+		}
 	}
 }
 
