@@ -163,27 +163,35 @@ func printBulk(e *env, js bool, sel selection, verb, done, how string, res *bulk
 	return exitOK
 }
 
-// parseSelection reads the flags of a selection; tenant "*" is every
-// tenant. On a bad flag it has written the error, and ok is false.
-func parseSelection(e *env, tenant, state, channel, class, user string) (sel selection, code int, ok bool) {
-	sel.user = user
+// newSelection builds a selection from its flags or form fields; tenant
+// "*" or "" is every tenant.
+func newSelection(tenant, state, channel, class, user string) (selection, error) {
+	sel := selection{class: envelope.ErrorClass(class), user: user}
 	if tenant != "*" {
 		sel.filter.Tenant = tenant
 	}
 	var err error
 	if state != "" {
 		if sel.filter.State, err = envelope.ParseState(state); err != nil {
-			fmt.Fprintf(e.Stderr, "Error: --state %q: %v\n", state, err)
-			return sel, exitUsage, false
+			return sel, fmt.Errorf("--state %q: %v", state, err)
 		}
 	}
 	if channel != "" {
 		if sel.filter.Channel, err = envelope.ParseChannel(channel); err != nil {
-			fmt.Fprintf(e.Stderr, "Error: --channel %q: %v\n", channel, err)
-			return sel, exitUsage, false
+			return sel, fmt.Errorf("--channel %q: %v", channel, err)
 		}
 	}
-	sel.class = envelope.ErrorClass(class)
+	return sel, nil
+}
+
+// parseSelection is newSelection for a command: on a bad flag it has
+// written the error, and ok is false.
+func parseSelection(e *env, tenant, state, channel, class, user string) (sel selection, code int, ok bool) {
+	sel, err := newSelection(tenant, state, channel, class, user)
+	if err != nil {
+		fmt.Fprintf(e.Stderr, "Error: %v\n", err)
+		return sel, exitUsage, false
+	}
 	return sel, exitOK, true
 }
 

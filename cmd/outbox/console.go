@@ -240,19 +240,7 @@ func (f selForm) values() url.Values {
 }
 
 func (f selForm) selection() (selection, error) {
-	sel := selection{filter: queue.ListFilter{Tenant: f.Tenant}, class: envelope.ErrorClass(f.Class)}
-	var err error
-	if f.State != "" {
-		if sel.filter.State, err = envelope.ParseState(f.State); err != nil {
-			return sel, fmt.Errorf("state %q: %v", f.State, err)
-		}
-	}
-	if f.Channel != "" {
-		if sel.filter.Channel, err = envelope.ParseChannel(f.Channel); err != nil {
-			return sel, fmt.Errorf("channel %q: %v", f.Channel, err)
-		}
-	}
-	return sel, nil
+	return newSelection(f.Tenant, f.State, f.Channel, f.Class, "")
 }
 
 func formSel(r *http.Request) selForm {

@@ -148,7 +148,7 @@ func TestConsole_SettlesAfterALostIndex(t *testing.T) {
 	if _, body := get(t, cl, base+"/rows?state=unresolved&class=reconcile_unknown"); !strings.Contains(body, "No rows match") || strings.Contains(body, "every one") {
 		t.Fatalf("a class no row has:\n%s", body)
 	}
-	if code, body := get(t, cl, base+"/rows?state=nosuch"); code != http.StatusBadRequest || !strings.Contains(body, `state &#34;nosuch&#34;`) {
+	if code, body := get(t, cl, base+"/rows?state=nosuch"); code != http.StatusBadRequest || !strings.Contains(body, `--state &#34;nosuch&#34;`) {
 		t.Fatalf("a bad state = %d\n%s", code, body)
 	}
 

@@ -18,17 +18,19 @@ import (
 // not served.
 func serveTokens(e *env) (tokens []string, file string, err error) {
 	const name = "INTERNAL_OUTBOX_TOKEN"
-	v, file := strings.TrimSpace(e.Getenv(name)), strings.TrimSpace(e.Getenv(name+"_FILE"))
-	switch {
-	case v != "" && file != "":
-		return nil, "", fmt.Errorf("set only one of %s and %s_FILE", name, name)
-	case v != "":
-		if len(v) < httpapi.MinTokenBytes {
+	file = strings.TrimSpace(e.Getenv(name + "_FILE"))
+	if file == "" || strings.TrimSpace(e.Getenv(name)) != "" {
+		// The variable alone, or secret's error for both.
+		v, err := secret(e, name)
+		switch {
+		case err != nil:
+			return nil, "", err
+		case v == "":
+			return nil, "", nil
+		case len(v) < httpapi.MinTokenBytes:
 			return nil, "", fmt.Errorf("%s is %d bytes; it must be at least %d (e.g. openssl rand -hex 32)", name, len(v), httpapi.MinTokenBytes)
 		}
 		return []string{v}, "", nil
-	case file == "":
-		return nil, "", nil
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
