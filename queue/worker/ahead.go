@@ -122,6 +122,11 @@ func (w *Worker) pruneAhead(ctx context.Context, recovered []*queue.Lease) {
 	})
 }
 
+// waiting reports whether a lease of ch waits here.
+func (w *Worker) waiting(ch envelope.Channel) bool {
+	return slices.ContainsFunc(w.ahead, func(l *queue.Lease) bool { return l.Channel == ch })
+}
+
 // startAhead dispatches waiting leases into the free slots, oldest first.
 func (w *Worker) startAhead(ctx context.Context) bool {
 	started := false

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/outboxhq/outbox/channels/fake"
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
+	"github.com/outboxhq/outbox/queue/memstore"
 	"github.com/outboxhq/outbox/queue/queuetest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -426,5 +428,67 @@ func TestAheadTarget(t *testing.T) {
 		if got := aheadTarget(tt.slots, tt.most, tt.claim, tt.call, tt.calls); got != tt.want {
 			t.Errorf("aheadTarget(%d, %d, %v, %v, %v) = %d, want %d", tt.slots, tt.most, tt.claim, tt.call, tt.calls, got, tt.want)
 		}
+	}
+}
+
+// claimHook runs before its store's next Claim, once.
+type claimHook struct {
+	*memstore.Store
+	mu     sync.Mutex
+	before func()
+}
+
+func (c *claimHook) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
+	c.mu.Lock()
+	f := c.before
+	c.before = nil
+	c.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return c.Store.Claim(ctx, req)
+}
+
+// A row claimed while others wait ahead for a slot goes behind them, even
+// when a slot frees while the claim is under way (a claim on PostgreSQL
+// takes longer than a quick provider call): rows of a channel are started
+// in the order they were claimed, oldest due first.
+func TestWorker_RowsWaitingAheadStartBeforeLaterClaims(t *testing.T) {
+	te := newTestEnv(t, queue.Backoff{})
+	g := newGate()
+	te.fakes[envelope.ChannelPush].OnDeliver(g.hold)
+	envs := nudges("n", 4)
+	te.enqueue(t, envs...)
+	hook := &claimHook{Store: te.store}
+	cfg := te.config()
+	cfg.Store = hook
+	cfg.Providers = te.providers(envelope.ChannelPush)
+	cfg.Concurrency = 1
+	r := startQuick(t, cfg)
+
+	waitFor(t, "the first call", func() bool { return g.started() == 1 })
+	r.sync(t)
+	if n := leased(t, te.store, envs); n != len(envs) {
+		t.Fatalf("%d rows leased, want all %d (one in flight, the rest ahead)", n, len(envs))
+	}
+	// The next claim finds no free slot; while it runs, the call in
+	// flight returns and frees one.
+	hook.mu.Lock()
+	hook.before = func() {
+		g.next <- struct{}{}
+		waitFor(t, "the slot to free", func() bool { return r.w.free() == 1 })
+	}
+	hook.mu.Unlock()
+	late := queuetest.Nudge("late", "ulate")
+	te.enqueue(t, late) // wakes the worker
+	waitFor(t, "the second call", func() bool { return g.started() == 2 })
+	for i := 3; i <= len(envs)+1; i++ {
+		g.pass(t, i)
+	}
+	g.next <- struct{}{}
+	r.idle(t)
+	want := []envelope.Key{keyOf(envs[0], 0), keyOf(envs[1], 0), keyOf(envs[2], 0), keyOf(envs[3], 0), keyOf(late, 0)}
+	if got := g.order(); !slices.Equal(got, want) {
+		t.Errorf("calls in the order %v, want %v", got, want)
 	}
 }

@@ -438,12 +438,15 @@ func (w *Worker) claim(ctx context.Context, chans []envelope.Channel, limit, ahe
 			each(l)
 		}
 		w.metrics.claims.WithLabelValues(string(l.Channel)).Inc()
-		if w.free() == 0 {
+		// A slot freed during the claim goes to the rows of this channel
+		// that were waiting already: they were due first.
+		if w.free() == 0 || w.waiting(l.Channel) {
 			w.ahead = append(w.ahead, l)
 			continue
 		}
 		w.dispatch(ctx, "deliver", l)
 	}
+	w.startAhead(ctx)
 	return len(leases), nil
 }
 
