@@ -28,8 +28,8 @@ import (
 // least aheadLeast in all (a claim of a few rows costs about what one of
 // one does).
 const (
-	aheadPerSlot = 8
-	aheadLeast   = 32
+	aheadPerSlot = 32
+	aheadLeast   = 128
 )
 
 // pace keeps moving averages of how long this worker's claims and
