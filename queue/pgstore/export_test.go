@@ -29,3 +29,7 @@ const MigrateLockKey = migrateLockKey
 // WithHostClock sets the host clock a store opened with o measures the
 // database's against.
 func WithHostClock(o *Options, now func() time.Time) { o.hostNow = now }
+
+// WithListenHook sets the listener's test hook of a store opened with o:
+// called for each notification, with whether it signalled Notify.
+func WithListenHook(o *Options, f func(signalled bool)) { o.onListen = f }

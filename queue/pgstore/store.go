@@ -27,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -63,7 +64,8 @@ type Options struct {
 	// refuses one from the first number it draws there, with or without.
 	MarkFile string
 
-	hostNow func() time.Time // this host's clock for checkClock (a test's)
+	hostNow  func() time.Time     // this host's clock for checkClock (a test's)
+	onListen func(signalled bool) // the listener's test hook (Store.onListen)
 }
 
 // Store is a queue.Store on PostgreSQL. Open one with Open or OpenPool.
@@ -73,6 +75,7 @@ type Store struct {
 	schema    string // the schema's name
 	prefix    string // its quoted name and a dot, for table names
 	channel   string // the LISTEN/NOTIFY channel
+	self      string // this store's NOTIFY payload: its listener ignores its own
 	now       func() time.Time
 	skew      atomic.Int64     // the database server's clock minus this host's, ns (checkClock)
 	hostNow   func() time.Time // this host's clock, against the database's
@@ -88,10 +91,11 @@ type Store struct {
 	interval  time.Duration
 	metrics   *storeMetrics
 
-	notify  chan struct{}       // Notify's channel
-	hint    chan struct{}       // to the notifier: send a NOTIFY
-	enq     *group[*enqCall]    // groups concurrent Enqueue calls
-	commits *group[*commitCall] // groups concurrent Commit calls
+	notify   chan struct{}        // Notify's channel
+	onListen func(signalled bool) // a test's: each notification the listener gets
+	hint     chan struct{}        // to the notifier: send a NOTIFY
+	enq      *group[*enqCall]     // groups concurrent Enqueue calls
+	commits  *group[*commitCall]  // groups concurrent Commit calls
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -200,6 +204,7 @@ func open(ctx context.Context, pool *pgxpool.Pool, own bool, opts *Options) (*St
 		schema:    schema,
 		prefix:    pgx.Identifier{schema}.Sanitize() + ".",
 		channel:   "outbox_wake_" + schema,
+		self:      uuid.NewString(),
 		now:       q.Now, // a test's clock; else the server's (below)
 		backoff:   q.Backoff,
 		retention: q.Retention,
@@ -209,6 +214,7 @@ func open(ctx context.Context, pool *pgxpool.Pool, own bool, opts *Options) (*St
 		metrics:   newStoreMetrics(q.Registerer),
 		notify:    make(chan struct{}, 1),
 		hint:      make(chan struct{}, 1),
+		onListen:  o.onListen,
 	}
 	s.enq, s.commits = s.enqueuer(), s.committer()
 	if s.hostNow = o.hostNow; s.hostNow == nil {
@@ -568,7 +574,7 @@ const notifyTimeout = 2 * time.Second
 func (s *Store) sendNotify() {
 	ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
 	defer cancel()
-	if _, err := s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, s.channel); err != nil {
+	if _, err := s.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, s.channel, s.self); err != nil {
 		s.log.LogAttrs(ctx, slog.LevelDebug, "notify failed", slog.String("operation", "notify"), slog.String("error", safeErr("notify", err).Error()))
 	}
 }
@@ -628,10 +634,20 @@ func (s *Store) listenOnce(ctx context.Context, connected func()) error {
 	connected()
 	s.local() // whatever was announced before
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return err
 		}
-		s.local()
+		// This store signalled Notify when it asked for its own NOTIFY:
+		// another signal would cost the worker a turn that finds nothing.
+		// Processes before this payload sent an empty one.
+		own := n.Payload == s.self
+		if !own {
+			s.local()
+		}
+		if s.onListen != nil {
+			s.onListen(!own)
+		}
 	}
 }
 
