@@ -63,3 +63,24 @@ func Exhausted(err error) bool {
 	}
 	return false
 }
+
+// Loggable is an error whose text says why a store cannot serve and holds
+// no secret and no personal data (no DSN or password, no address, no body):
+// a database's answer ("too many connections for role …"), a network
+// failure without its address. Stores mark such errors so that the logs
+// of their callers can say why; every other store error is logged by its
+// kind only, since its text may name a user's file or a record.
+type Loggable interface {
+	error
+	Loggable()
+}
+
+// Reason returns the text of the first Loggable error in err's chain
+// (that error's own text, not what wraps it), or "".
+func Reason(err error) string {
+	var l Loggable
+	if errors.As(err, &l) {
+		return l.Error()
+	}
+	return ""
+}

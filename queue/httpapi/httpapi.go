@@ -295,14 +295,23 @@ func (a *api) handle(pattern string, acc access, h handlerFunc) {
 	}))
 }
 
-// fail writes err as a JSON error, logging unexpected ones by type only.
+// fail writes err as a JSON error, logging unexpected ones (logFailed).
 func (a *api) fail(w http.ResponseWriter, op, rid string, err error) {
 	ae, unexpected := errorFor(err)
 	if unexpected {
-		a.log.Error("request failed", "operation", op, "request_id", rid, "status", ae.Status,
-			"code", ae.Code, "error_type", fmt.Sprintf("%T", err))
+		a.logFailed("request failed", op, rid, ae, err)
 	}
 	writeError(w, ae)
+}
+
+// logFailed logs an unexpected error by its type, and the reason when the
+// store marked it safe to log (queue.Loggable), never by its text.
+func (a *api) logFailed(msg, op, rid string, ae *apiError, err error) {
+	args := []any{"operation", op, "request_id", rid, "status", ae.Status, "code", ae.Code, "error_type", fmt.Sprintf("%T", err)}
+	if r := queue.Reason(err); r != "" {
+		args = append(args, "reason", r)
+	}
+	a.log.Error(msg, args...)
 }
 
 // authorized reports whether r carries one of the bearer tokens

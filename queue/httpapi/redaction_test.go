@@ -203,3 +203,40 @@ type abortStore struct{ queue.Store }
 func (abortStore) Counts(ctx context.Context, tenant string) (queue.Counts, error) {
 	panic(http.ErrAbortHandler)
 }
+
+// downErr is a store's error marked safe to log (queue.Loggable), as the
+// PostgreSQL store's answers of the server are.
+type downErr struct{}
+
+func (downErr) Error() string {
+	return "pgstore: get: the database server is short of memory or connections (SQLSTATE 53300)"
+}
+func (downErr) Loggable()            {}
+func (downErr) Is(target error) bool { return target == queue.ErrUnavailable }
+
+// downStore fails Get with a Loggable error wrapped in text that is not.
+type downStore struct{ queue.Store }
+
+func (downStore) Get(ctx context.Context, tenant, id string) (*queue.EnvelopeStatus, error) {
+	return nil, fmt.Errorf("reading %s: %w", canaryUser, downErr{})
+}
+
+// A failed request's log line says why the store cannot serve when the
+// store marked the reason safe to log (an operator at a database out of
+// connections saw only "unavailable"), never the text around it; the
+// response stays the generic 503.
+func TestRedaction_LoggableReason(t *testing.T) {
+	f := newFixture(t)
+	f.cfg.Store = downStore{f.q}
+	f.reopen()
+	w := f.call("GET", "/v1/envelopes/x", "")
+	e := wantError(t, w, http.StatusServiceUnavailable, CodeUnavailable)
+	if strings.Contains(e.Error.Message, "SQLSTATE") {
+		t.Errorf("the response names the store's reason: %q", e.Error.Message)
+	}
+	logs := f.logs.String()
+	if !strings.Contains(logs, "short of memory or connections (SQLSTATE 53300)") {
+		t.Errorf("the log lacks the store's reason:\n%s", logs)
+	}
+	assertNoCanary(t, "logs", logs)
+}

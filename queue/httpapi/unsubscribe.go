@@ -326,12 +326,11 @@ func (a *api) resubscribe(w http.ResponseWriter, r *http.Request) error {
 }
 
 // pageError answers a failed unsubscribe or resubscribe in words, logging
-// only the error's type.
+// it as fail does.
 func (a *api) pageError(w http.ResponseWriter, r *http.Request, op string, err error, what string) {
 	ae, unexpected := errorFor(err)
 	if unexpected {
-		a.log.Error(what+" failed", "operation", op,
-			"request_id", w.Header().Get("X-Request-Id"), "error_type", fmt.Sprintf("%T", err))
+		a.logFailed(what+" failed", op, w.Header().Get("X-Request-Id"), ae, err)
 	}
 	writeText(w, ae.Status, "Sorry, we could not "+what+" right now. Please try again later.\n")
 }

@@ -18,6 +18,10 @@ import (
 // parts of it (user, database, host, the string itself): safeErr keeps
 // those out of every error the store returns, and so out of every log line.
 
+// The errors whose text says why the store cannot serve, safe to log.
+var _ = []queue.Loggable{(*ConnectError)(nil), (*NetError)(nil), (*TimeoutError)(nil),
+	(*MissingSchemaError)(nil), (*StateError)(nil), (*RestoredError)(nil)}
+
 // ErrBadURL is returned by Open for a database URL that does not parse
 // (the URL is not repeated: it may hold a password).
 var ErrBadURL = errors.New("pgstore: the database URL does not parse (it is not repeated here: it may hold a password)")
@@ -56,6 +60,9 @@ func (e *ConnectError) Error() string {
 
 func (e *ConnectError) Unwrap() error { return e.Cause }
 
+// Loggable marks its text safe to log (queue.Loggable).
+func (e *ConnectError) Loggable() {}
+
 // Is makes a ConnectError queue.ErrUnavailable.
 func (e *ConnectError) Is(target error) bool { return target == queue.ErrUnavailable }
 
@@ -71,6 +78,9 @@ func (e *NetError) Error() string {
 }
 
 func (e *NetError) Unwrap() error { return e.Cause }
+
+// Loggable marks its text safe to log (queue.Loggable).
+func (e *NetError) Loggable() {}
 
 // Is makes a NetError queue.ErrUnavailable.
 func (e *NetError) Is(target error) bool { return target == queue.ErrUnavailable }
@@ -92,6 +102,9 @@ func (e *TimeoutError) Error() string {
 	return "pgstore: " + e.Op + ": the database did not answer within statement_timeout"
 }
 
+// Loggable marks its text safe to log (queue.Loggable).
+func (e *TimeoutError) Loggable() {}
+
 // Is makes a TimeoutError queue.ErrUnavailable.
 func (e *TimeoutError) Is(target error) bool { return target == queue.ErrUnavailable }
 
@@ -106,6 +119,9 @@ type MissingSchemaError struct {
 func (e *MissingSchemaError) Error() string {
 	return "pgstore: " + e.Op + ": the store's tables are not in the database (its schema was dropped, or the URL names another database): migrate it again (outbox migrate, or pgstore.Migrate)"
 }
+
+// Loggable marks its text safe to log (queue.Loggable).
+func (e *MissingSchemaError) Loggable() {}
 
 // Is makes a MissingSchemaError queue.ErrUnavailable.
 func (e *MissingSchemaError) Is(target error) bool { return target == queue.ErrUnavailable }
@@ -129,6 +145,9 @@ type StateError struct {
 func (e *StateError) Error() string {
 	return "pgstore: " + e.Op + ": " + e.why + " (SQLSTATE " + e.State + ")"
 }
+
+// Loggable marks its text safe to log (queue.Loggable).
+func (e *StateError) Loggable() {}
 
 // Is makes a StateError queue.ErrUnavailable, and its kind.
 func (e *StateError) Is(target error) bool {

@@ -47,6 +47,9 @@ func (e *RestoredError) Error() string {
 		e.Schema, where, e.Sequence, e.Was, e.Now)
 }
 
+// Loggable marks its text safe to log (queue.Loggable).
+func (e *RestoredError) Loggable() {}
+
 // Is makes a RestoredError queue.ErrUnavailable.
 func (e *RestoredError) Is(target error) bool { return target == queue.ErrUnavailable }
 

@@ -74,6 +74,8 @@
 // result and state. Spans "outbox.deliver" and "outbox.reconcile" carry only
 // outbox.channel, outbox.provider, outbox.status and outbox.error_class.
 // Logs carry only component, operation, channel, provider, status,
-// error_class and trace_id. No id, address, message body or raw error text
-// is ever logged, exported or returned.
+// error_class and trace_id, and for a failed store call the reason the
+// store marked safe to log (queue.Loggable: a database's answer, never a
+// DSN). No id, address, message body or raw error text is ever logged,
+// exported or returned.
 package worker

@@ -132,8 +132,10 @@ func storeClass(err error) envelope.ErrorClass {
 
 // logStoreError logs a failed store call.
 func (w *Worker) logStoreError(ctx context.Context, op string, err error) {
-	w.log.LogAttrs(ctx, slog.LevelError, "store call failed",
-		slog.String(keyOperation, op),
-		slog.String(keyStatus, "store_error"),
-		slog.String(keyErrorClass, string(storeClass(err))))
+	attrs := []slog.Attr{slog.String(keyOperation, op), slog.String(keyStatus, "store_error"),
+		slog.String(keyErrorClass, string(storeClass(err)))}
+	if r := queue.Reason(err); r != "" {
+		attrs = append(attrs, slog.String("reason", r)) // the store marked it safe (queue.Loggable)
+	}
+	w.log.LogAttrs(ctx, slog.LevelError, "store call failed", attrs...)
 }
