@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,29 +35,8 @@ func TestWorker_LogsWhyTheDatabaseRefuses(t *testing.T) {
 	}
 	defer rw.Close()
 
-	role, password := schema+"_app", "app-pw-5c1e"
+	role, dsn, terminate := limitedRole(t, schema, -1)
 	admin := pgtest.Admin()
-	for _, q := range []string{
-		"CREATE ROLE " + role + " LOGIN PASSWORD '" + password + "'",
-		"GRANT USAGE ON SCHEMA " + schema + " TO " + role,
-		"GRANT ALL ON ALL TABLES IN SCHEMA " + schema + " TO " + role,
-		"GRANT ALL ON ALL SEQUENCES IN SCHEMA " + schema + " TO " + role,
-	} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	terminate := func() {
-		if _, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, role); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		terminate()
-		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
-		_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
-	})
-	dsn := withParam(t, withParam(t, pgtest.DSN(), "user", role), "password", password)
 	s, err := pgstore.Open(ctx, dsn, &pgstore.Options{Schema: schema, NoMigrate: true, Options: queue.Options{Logger: quiet}})
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +75,7 @@ func TestWorker_LogsWhyTheDatabaseRefuses(t *testing.T) {
 		if strings.Contains(line, why) && (!strings.Contains(line, `"msg":"store call failed"`) || !strings.Contains(line, `"reason":"pgstore: `)) {
 			t.Errorf("the reason is not a store call's: %s", line)
 		}
-		if strings.Contains(line, password) {
+		if strings.Contains(line, rolePassword) {
 			t.Errorf("a log line holds the DSN's password: %s", line)
 		}
 	}
@@ -115,5 +95,67 @@ func TestWorker_LogsWhyTheDatabaseRefuses(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+const rolePassword = "app-pw-5c1e"
+
+// limitedRole makes a login role with privileges on schema's tables and
+// the connection limit given (-1: none), and returns its name, a DSN that
+// logs in as it and a function that ends its sessions.
+func limitedRole(t *testing.T, schema string, limit int) (string, string, func()) {
+	t.Helper()
+	ctx := context.Background()
+	role := schema + "_app"
+	admin := pgtest.Admin()
+	for _, q := range []string{
+		"CREATE ROLE " + role + " LOGIN PASSWORD '" + rolePassword + "' CONNECTION LIMIT " + strconv.Itoa(limit),
+		"GRANT USAGE ON SCHEMA " + schema + " TO " + role,
+		"GRANT ALL ON ALL TABLES IN SCHEMA " + schema + " TO " + role,
+		"GRANT ALL ON ALL SEQUENCES IN SCHEMA " + schema + " TO " + role,
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	terminate := func() {
+		if _, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, role); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		terminate()
+		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	return role, withParam(t, withParam(t, pgtest.DSN(), "user", role), "password", rolePassword), terminate
+}
+
+// A LISTEN connection that cannot be made at all (here: the role may have
+// one connection, which the pool holds) is logged as such, with the
+// server's answer, not as a connection "lost".
+func TestListen_NeverConnectedSaysSo(t *testing.T) {
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	rw, err := pgstore.Open(ctx, pgtest.DSN(), &pgstore.Options{Schema: schema, Options: queue.Options{Logger: slog.New(slog.DiscardHandler)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rw.Close()
+	_, dsn, _ := limitedRole(t, schema, 1)
+	logs := &syncBuffer{}
+	s, err := pgstore.Open(ctx, withParam(t, dsn, "pool_max_conns", "1"), &pgstore.Options{Schema: schema, NoMigrate: true, Options: queue.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const want = "listen connection could not be made"
+	for end := time.Now().Add(30 * time.Second); !strings.Contains(logs.String(), want); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("no %q in the store's log:\n%s", want, logs)
+		}
+	}
+	if out := logs.String(); strings.Contains(out, "connection lost") || !strings.Contains(out, "too many connections for role") {
+		t.Errorf("the log does not say the connection was never made, and why:\n%s", out)
 	}
 }

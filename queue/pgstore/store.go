@@ -599,11 +599,18 @@ func (s *Store) listen(ctx context.Context) {
 	defer s.wg.Done()
 	pause := listenRetryMin
 	for ctx.Err() == nil {
-		err := s.listenOnce(ctx, func() { pause = listenRetryMin })
+		connected := false
+		err := s.listenOnce(ctx, func() { pause, connected = listenRetryMin, true })
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.LogAttrs(ctx, slog.LevelWarn, "listen connection lost, reconnecting", slog.String("operation", "listen"),
+		msg := "listen connection lost, reconnecting"
+		if !connected {
+			// Never made: a wrong setting or a server out of connections,
+			// not a blip. Other processes' wake-ups wait for the rescan.
+			msg = "listen connection could not be made, retrying (wake-ups from other processes wait for the worker's rescan meanwhile)"
+		}
+		s.log.LogAttrs(ctx, slog.LevelWarn, msg, slog.String("operation", "listen"),
 			slog.String("error", safeErr("listen", err).Error()), slog.Duration("retry_in", pause))
 		s.metrics.listenReconnects.Inc()
 		s.local()
