@@ -285,6 +285,7 @@ func openLocked(dir string, o Options, lk *dirLock) (_ *Queue, err error) {
 	q.indexFile, _ = os.Stat(path)
 	q.dirInfo, _ = os.Stat(dir)
 	q.app = applog.NewAppender(dir, logSyncer(o.NoSync))
+	q.app.SlowLock = q.slowLock
 	q.m = newStoreMetrics(o.Registerer, dir)
 	if err := q.init(); err != nil {
 		db.Close()
@@ -387,6 +388,17 @@ func openBolt(path string, bo *bolt.Options) (db *bolt.DB, err error) {
 		}
 	}()
 	return bolt.Open(path, 0o600, bo)
+}
+
+// slowLock logs an append that waits for another process's lock on a log
+// (not which log: its name holds a user id).
+func (q *Queue) slowLock(waited time.Duration, acquired bool) {
+	if !acquired {
+		q.log.Warn("an append waits for another process's lock on its log: that user's enqueues wait until it is released (a process appending to the logs must hold the lock only for its write and fsync; docs/data-format.md)",
+			"operation", "append", "status", "lock_wait", "waited", waited)
+		return
+	}
+	q.log.Info("the log's lock was released; the append went on", "operation", "append", "status", "lock_acquired", "waited", waited.Round(time.Millisecond))
 }
 
 // Dir returns the store's data directory.

@@ -32,6 +32,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/outboxhq/outbox/envelope"
 	"golang.org/x/sys/unix"
@@ -155,6 +156,13 @@ type Appender struct {
 	logs map[string]*group
 	open int        // logs with a cached descriptor
 	lru  *list.List // of *group with a cached descriptor, most recent first
+	// SlowLock, when set (before the first append), is told of an append
+	// or withdrawal that has waited LockWarnAfter for another process's
+	// flock on its log (acquired false), and then when it got the lock
+	// (acquired true, with the whole wait): a foreign appender must hold
+	// the lock only for its write and fsync.
+	SlowLock func(waited time.Duration, acquired bool)
+
 	// known is every group, most recently used first. Past maxGroups, the
 	// least recently used ones nobody holds (and without a descriptor)
 	// are forgotten: what they learned about their log is read again if
@@ -185,6 +193,33 @@ func openBudget() int {
 func NewAppender(dataDir string, sync Syncer) *Appender {
 	fi, _ := os.Stat(dataDir)
 	return &Appender{dir: dataDir, dirInfo: fi, sync: sync, logs: map[string]*group{}, lru: list.New(), known: list.New()}
+}
+
+// LockWarnAfter is how long an append waits for another process's lock on
+// its log before SlowLock is told (tests lower it).
+var LockWarnAfter = time.Second
+
+// lock takes f's exclusive flock, telling SlowLock of a long wait.
+func (a *Appender) lock(f *os.File) error {
+	fd := int(f.Fd())
+	err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+	if !errors.Is(err, unix.EWOULDBLOCK) || a.SlowLock == nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			err = unix.Flock(fd, unix.LOCK_EX)
+		}
+		return err
+	}
+	start, told := time.Now(), make(chan struct{})
+	slow := time.AfterFunc(LockWarnAfter, func() {
+		a.SlowLock(LockWarnAfter, false)
+		close(told)
+	})
+	err = unix.Flock(fd, unix.LOCK_EX)
+	if !slow.Stop() {
+		<-told // in order
+		a.SlowLock(time.Since(start), true)
+	}
+	return err
 }
 
 // group batches the appends to one log.
@@ -386,7 +421,7 @@ func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, er
 			a.lru.MoveToFront(g.elem)
 			a.mu.Unlock()
 		}
-		if err := unix.Flock(int(g.f.Fd()), unix.LOCK_EX); err != nil {
+		if err := a.lock(g.f); err != nil {
 			return 0, 0, fmt.Errorf("lock log: %w", err)
 		}
 		size, ino, err := PathSize(path)
@@ -523,7 +558,7 @@ func (a *Appender) Withdraw(rel string, start, end int64) bool {
 		return false
 	}
 	defer f.Close() // releases the flock
-	if unix.Flock(int(f.Fd()), unix.LOCK_EX) != nil {
+	if a.lock(f) != nil {
 		return false
 	}
 	if size, _, err := fileSize(f); err != nil || size != end || start < 0 || start > end {

@@ -1,0 +1,72 @@
+package applog
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// An append that waits for another process's flock on its log (a foreign
+// appender that hangs while holding it) is reported while it waits, and
+// again when it got the lock; it then appends as usual.
+func TestAppender_ReportsALongLockWait(t *testing.T) {
+	defer func(d time.Duration) { LockWarnAfter = d }(LockWarnAfter)
+	LockWarnAfter = 10 * time.Millisecond
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	a := NewAppender(dir, Fdatasync)
+	defer a.Close()
+	type report struct {
+		waited   time.Duration
+		acquired bool
+	}
+	reports := make(chan report, 4)
+	a.SlowLock = func(d time.Duration, acquired bool) { reports <- report{d, acquired} }
+	first := rec(1, 64)
+	if _, _, err := a.Append(rel, first, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-reports:
+		t.Fatalf("an append without a lock held reported %+v", r)
+	default:
+	}
+
+	// Another open file description of the log: its flock excludes the
+	// appender's as another process's would.
+	holder, err := os.OpenFile(filepath.Join(dir, rel), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if err := unix.Flock(int(holder.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	second := rec(2, 64)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := a.Append(rel, second, nil)
+		done <- err
+	}()
+	if r := <-reports; r.acquired || r.waited != LockWarnAfter {
+		t.Fatalf("first report %+v, want the wait so far", r)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the append went on while the lock was held: %v", err)
+	default:
+	}
+	if err := unix.Flock(int(holder.Fd()), unix.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-reports; !r.acquired || r.waited < LockWarnAfter {
+		t.Fatalf("second report %+v, want the lock acquired after the whole wait", r)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	wantFile(t, filepath.Join(dir, rel), first, second)
+}
