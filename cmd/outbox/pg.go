@@ -127,17 +127,23 @@ func joinInts(v []int) string {
 
 // pgReport is doctor's report on PostgreSQL.
 type pgReport struct {
-	Server        string   `json:"server_version"`
-	Schema        string   `json:"schema"`
-	Version       int      `json:"schema_version"`
-	Want          int      `json:"want_version"`
-	Pending       int      `json:"pending_migrations"`
-	Unresolved    int      `json:"unresolved"`
-	DeadLetter    int      `json:"dead_letter"`
-	ExpiredLeases int      `json:"sending_past_lease_end"`
-	Problems      []string `json:"problems,omitempty"`
-	NotApplicable []string `json:"not_applicable"`
+	Server        string            `json:"server_version"`
+	Schema        string            `json:"schema"`
+	Version       int               `json:"schema_version"`
+	Want          int               `json:"want_version"`
+	Pending       int               `json:"pending_migrations"`
+	Unresolved    int               `json:"unresolved"`
+	DeadLetter    int               `json:"dead_letter"`
+	ExpiredLeases int               `json:"sending_past_lease_end"`
+	Problems      []string          `json:"problems,omitempty"`
+	Blockers      []pgstore.Blocker `json:"blockers,omitempty"`
+	NotApplicable []string          `json:"not_applicable"`
 }
+
+// blockerAge is how long a session's transaction must have been open for
+// doctor to name it as holding up the store (shorter waits are the usual
+// ones between serves).
+var blockerAge = 5 * time.Second // a var for tests
 
 // pgDoctor checks what applies on PostgreSQL: the connection, the schema's
 // version against this outbox's, and the rows an operator (unresolved,
@@ -156,10 +162,21 @@ func pgDoctor(ctx context.Context, e *env, dsn, schema, data string, afterRestor
 	if err := pool.QueryRow(ctx, `SHOW server_version`).Scan(&rep.Server); err != nil {
 		return fail(e, "the database did not answer SHOW server_version") // pgx's error may name the DSN's parts
 	}
+	// First, from the server's lock views (they answer while the tables
+	// are locked): a session the store waits for. The checks below would
+	// wait behind it, so they are skipped then.
+	if rep.Blockers, err = pgstore.Blockers(ctx, pool, schema, blockerAge); err != nil {
+		return fail(e, "%v", err)
+	}
+	for _, b := range rep.Blockers {
+		rep.Problems = append(rep.Problems, b.String())
+	}
 	if rep.Version, err = pgstore.DatabaseVersion(ctx, pool, schema); err != nil {
 		return fail(e, "%v", err)
 	}
 	switch {
+	case len(rep.Blockers) > 0:
+		rep.Problems = append(rep.Problems, "the store's rows were not counted: the queries would wait behind the lock")
 	case rep.Version > rep.Want:
 		rep.Problems = append(rep.Problems, fmt.Sprintf("schema %s is at version %d, newer than this outbox's %d: run a newer outbox", schema, rep.Version, rep.Want))
 	case rep.Version < rep.Want:

@@ -99,7 +99,7 @@ type TimeoutError struct {
 }
 
 func (e *TimeoutError) Error() string {
-	return "pgstore: " + e.Op + ": the database did not answer within statement_timeout"
+	return "pgstore: " + e.Op + ": the database did not answer within statement_timeout (a busy server, or a session holding a lock on the store's tables: outbox doctor names such a session)"
 }
 
 // Loggable marks its text safe to log (queue.Loggable).
