@@ -850,10 +850,17 @@ func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *enve
 	if segs <= 0 {
 		segs = envelope.Rows(env)
 	}
+	enq := now
+	if q.rebuild && !env.CreatedAt.IsZero() && env.CreatedAt.Before(now) {
+		// A log line does not say when it was enqueued: the envelope's
+		// creation is the nearest known time (the rebuild's would make a
+		// month-old row look fresh to the operator resolving it).
+		enq = env.CreatedAt
+	}
 	rec := &envRec{
 		User: env.UserID, Channel: env.Channel, Template: env.Template,
 		Log: rel, Off: off, Len: n, Segs: segs,
-		Enq: now.UnixNano(), Exp: nano(env.ExpiresAt),
+		Enq: enq.UnixNano(), Exp: nano(env.ExpiresAt),
 		Seq: seq,
 	}
 	rows := queue.NewRows(env, segs, now)

@@ -208,3 +208,38 @@ func journalCrash(dir string) int {
 	_ = q.Suppress(context.Background(), "", "u-1", queue.Suppression{Channel: envelope.ChannelEmail, Reason: envelope.ClassUnsubscribed})
 	return 1
 }
+
+// A rebuilt row's enqueue time is its envelope's created_at (a log line
+// does not record when it was enqueued), never later than the rebuild:
+// before, every rebuilt row looked enqueued at the rebuild.
+func TestRebuild_EnqueuedAtIsTheEnvelopesCreation(t *testing.T) {
+	dir := t.TempDir()
+	clock := queuetest.NewClock(queuetest.T0)
+	q := openClocked(t, dir, clock)
+	old := queuetest.Reply("r-old", "u-1", "hi")
+	old.CreatedAt = queuetest.T0.Add(-time.Hour)
+	ahead := queuetest.Reply("r-ahead", "u-1", "hi") // a producer's clock ahead of the rebuild's
+	ahead.CreatedAt = queuetest.T0.Add(48 * time.Hour)
+	if _, err := q.Enqueue(context.Background(), old, ahead); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(24 * time.Hour)
+	rebuiltAt := clock.Now()
+	if _, err := filestore.Rebuild(dir, &filestore.Options{Options: queue.Options{Now: clock.Now}}); err != nil {
+		t.Fatal(err)
+	}
+	q = openClocked(t, dir, clock)
+	defer q.Close()
+	for id, want := range map[string]time.Time{"r-old": old.CreatedAt, "r-ahead": rebuiltAt} {
+		st, err := q.Get(context.Background(), "", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.EnqueuedAt.Equal(want) {
+			t.Errorf("%s after the rebuild: enqueued_at %v, want %v", id, st.EnqueuedAt, want)
+		}
+	}
+}
