@@ -178,7 +178,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	if dsn != "" && *f.relaxed {
 		return fileOnly(e, "--relaxed-durability")
 	}
-	tokens, tokenFile, err := serveTokens(e)
+	tokens, tokFile, err := serveTokens(e)
 	if err != nil {
 		return fail(e, "%v", err)
 	}
@@ -293,8 +293,8 @@ func runServe(ctx context.Context, e *env, args []string) int {
 		bg.Go(func() { _ = a.poller.Run(runCtx) })
 	}
 	bg.Go(func() { runPruner(runCtx, a.q, time.Hour, log) })
-	if tokenFile != "" && tokenSet != nil {
-		bg.Go(func() { watchTokens(runCtx, tokenFile, tokenSet, log) })
+	if tokFile.path != "" && tokenSet != nil {
+		bg.Go(func() { watchTokens(runCtx, tokFile, tokenSet, log) })
 	}
 	srvErr := make(chan error, 2)
 	go func() { srvErr <- srv.Serve(ln) }()

@@ -12,34 +12,43 @@ import (
 	"github.com/outboxhq/outbox/queue/httpapi"
 )
 
+// tokenFile is the INTERNAL_OUTBOX_TOKEN_FILE serve watches, and what it
+// looked like just before serve read it: a change made after that (while
+// serve starts) is a change to the watcher.
+type tokenFile struct {
+	path string
+	seen os.FileInfo
+}
+
 // serveTokens reads the bearer tokens of serve: INTERNAL_OUTBOX_TOKEN
-// (one), or the lines of INTERNAL_OUTBOX_TOKEN_FILE, whose path it
-// returns (serve watches it). None is no error: /v1 and /internal are then
-// not served.
-func serveTokens(e *env) (tokens []string, file string, err error) {
+// (one), or the lines of INTERNAL_OUTBOX_TOKEN_FILE, which it returns
+// (serve watches it; path "" for none). None is no error: /v1 and
+// /internal are then not served.
+func serveTokens(e *env) (tokens []string, file tokenFile, err error) {
 	const name = "INTERNAL_OUTBOX_TOKEN"
-	file = strings.TrimSpace(e.Getenv(name + "_FILE"))
-	if file == "" || strings.TrimSpace(e.Getenv(name)) != "" {
+	path := strings.TrimSpace(e.Getenv(name + "_FILE"))
+	if path == "" || strings.TrimSpace(e.Getenv(name)) != "" {
 		// The variable alone, or secret's error for both.
 		v, err := secret(e, name)
 		switch {
 		case err != nil:
-			return nil, "", err
+			return nil, tokenFile{}, err
 		case v == "":
-			return nil, "", nil
+			return nil, tokenFile{}, nil
 		case len(v) < httpapi.MinTokenBytes:
-			return nil, "", fmt.Errorf("%s is %d bytes; it must be at least %d (e.g. openssl rand -hex 32)", name, len(v), httpapi.MinTokenBytes)
+			return nil, tokenFile{}, fmt.Errorf("%s is %d bytes; it must be at least %d (e.g. openssl rand -hex 32)", name, len(v), httpapi.MinTokenBytes)
 		}
-		return []string{v}, "", nil
+		return []string{v}, tokenFile{}, nil
 	}
-	b, err := os.ReadFile(file)
+	seen, _ := os.Stat(path) // before the read: a change after it is seen
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, "", fmt.Errorf("read %s_FILE: %w", name, err)
+		return nil, tokenFile{}, fmt.Errorf("read %s_FILE: %w", name, err)
 	}
 	if tokens, err = parseTokenFile(b); err != nil {
-		return nil, "", fmt.Errorf("%s_FILE %s: %w", name, file, err)
+		return nil, tokenFile{}, fmt.Errorf("%s_FILE %s: %w", name, path, err)
 	}
-	return tokens, file, nil
+	return tokens, tokenFile{path, seen}, nil
 }
 
 // parseTokenFile reads one token per line; blank lines and lines that
@@ -72,9 +81,9 @@ var tokenPoll = time.Second
 // until ctx ends: a token is rotated by listing the new one beside the old,
 // moving the clients, then removing the old. A file that cannot be read or
 // holds no valid token leaves the tokens in use, with a warning.
-func watchTokens(ctx context.Context, file string, set *httpapi.Tokens, log *slog.Logger) {
+func watchTokens(ctx context.Context, tf tokenFile, set *httpapi.Tokens, log *slog.Logger) {
 	const op = "tokens"
-	last, _ := os.Stat(file)
+	file, last := tf.path, tf.seen
 	failing := ""
 	warn := func(why string) {
 		if why != failing {

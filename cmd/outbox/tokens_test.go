@@ -1,11 +1,16 @@
 package main
 
 import (
+	"context"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/outboxhq/outbox/queue/httpapi"
 )
 
 func TestParseTokenFile(t *testing.T) {
@@ -75,5 +80,51 @@ func TestServe_TokenFileRotation(t *testing.T) {
 	logs := d.logs.String()
 	if strings.Count(logs, "status=reloaded") != 2 || strings.Contains(logs, old) || strings.Contains(logs, next) || strings.Contains(logs, "too-short") {
 		t.Fatalf("serve's log:\n%s", logs)
+	}
+}
+
+// A change to the token file while serve starts (after it read the file,
+// before its watcher's first look) is a change: the watcher's baseline is
+// the file as it was read. Before, it was the file at the watcher's start,
+// and a rotation made in that window was never applied (a flaky
+// TestServe_TokenFileRotation under a loaded CI).
+func TestWatchTokens_ChangeWhileStarting(t *testing.T) {
+	defer func(d time.Duration) { tokenPoll = d }(tokenPoll)
+	tokenPoll = 5 * time.Millisecond
+	const old, next = "old-token-5c0ffee5c0ffee5c0ffee", "new-token-9deadbeef9deadbeef9d"
+	file := filepath.Join(t.TempDir(), "tokens")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(file+".tmp", []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(file+".tmp", file); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(old + "\n")
+	e := &env{Getenv: func(k string) string {
+		if k == "INTERNAL_OUTBOX_TOKEN_FILE" {
+			return file
+		}
+		return ""
+	}}
+	tokens, tf, err := serveTokens(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := httpapi.NewTokens(tokens...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(old + "\n" + next + "\n") // before the watcher looks
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { watchTokens(ctx, tf, set, slog.New(slog.DiscardHandler)); close(done) }()
+	defer func() { cancel(); <-done }()
+	for end := time.Now().Add(10 * time.Second); set.Len() != 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the tokens written while serve started were never applied (%d in use)", set.Len())
+		}
 	}
 }

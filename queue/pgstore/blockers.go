@@ -30,7 +30,8 @@ func (b Blocker) String() string {
 // Blockers returns the sessions other than the caller's, in a transaction
 // open for at least olderThan, that hold a lock on a table of schema which
 // another session waits for, or one of the table locks that conflict with
-// the store's reads and writes (SHARE and stronger). It reads only the
+// the store's writes (SHARE and stronger; ACCESS EXCLUSIVE with its reads
+// too). It reads only the
 // server's lock and activity views, so it answers while those tables are
 // locked. The query text of a session is never read (it may hold anyone's
 // data).
