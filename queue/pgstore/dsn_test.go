@@ -136,14 +136,6 @@ func TestListen_ReconnectsAndWakes(t *testing.T) {
 	}
 	defer b.Close()
 
-	listeners := func() int {
-		var n int
-		if err := pgtest.Admin().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query = $1`,
-			`LISTEN "outbox_wake_`+schema+`"`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
 		for end := time.Now().Add(30 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
@@ -152,14 +144,14 @@ func TestListen_ReconnectsAndWakes(t *testing.T) {
 			}
 		}
 	}
-	waitFor("two listeners", func() bool { return listeners() == 2 })
+	waitListening(t, schema, 2)
 	// Kill every LISTEN connection of the schema; both stores reconnect.
 	if _, err := pgtest.Admin().Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1`,
 		`LISTEN "outbox_wake_`+schema+`"`); err != nil {
 		t.Fatal(err)
 	}
 	waitFor("the loss logged", func() bool { return strings.Contains(logs.String(), "listen connection lost") })
-	waitFor("the listeners back", func() bool { return listeners() == 2 })
+	waitListening(t, schema, 2)
 	if n, err := gathered(reg, "outbox_pg_listen_reconnects_total"); err != nil || n < 1 {
 		t.Errorf("outbox_pg_listen_reconnects_total = %v, %v; want at least 1", n, err)
 	}
