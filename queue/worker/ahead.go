@@ -23,6 +23,14 @@ import (
 // at most aheadPerSlot per slot. Channels that are rate limited are not
 // claimed ahead (their rows would wait for tokens inside their lease), nor
 // are those of providers that do not redeliver idempotently.
+//
+// A task whose call returns starts the oldest lease waiting here itself,
+// in the slot it held, rather than freeing the slot for the loop, which
+// may be inside a claim (a database round trip) and would start the
+// lease only after it. It does so only while the loop has nothing of its
+// own for a free slot (handOn): the rows of a channel not claimed ahead
+// and a paused channel's probe go first, and the loop looks for expired
+// leases at least every recoverEvery (it does so when a slot is free).
 
 // The loop keeps at most aheadPerSlot rows per slot leased ahead, and at
 // least aheadLeast in all (a claim of a few rows costs about what one of
@@ -31,6 +39,10 @@ const (
 	aheadPerSlot = 32
 	aheadLeast   = 128
 )
+
+// recoverEvery is how long tasks may keep passing their slots to leases
+// waiting ahead before the loop wants one free to look for expired leases.
+const recoverEvery = 100 * time.Millisecond
 
 // pace keeps moving averages of how long this worker's claims and
 // provider calls take, on its clock.
@@ -88,10 +100,11 @@ func (w *Worker) aheadable(ch envelope.Channel) bool {
 // the claims stay large.
 func (w *Worker) aheadRoom() int {
 	most := w.aheadMax()
-	if 2*len(w.ahead) > most {
+	n := w.aheadLen()
+	if 2*n > most {
 		return 0
 	}
-	return most - len(w.ahead)
+	return most - n
 }
 
 // aheadKept is how long before its end a lease waiting here is given back
@@ -100,39 +113,93 @@ func (w *Worker) aheadKept(l *queue.Lease) time.Time {
 	return l.ExpiresAt.Add(-w.cfg.Lease / 2)
 }
 
+func (w *Worker) aheadLen() int {
+	w.aheadMu.Lock()
+	defer w.aheadMu.Unlock()
+	return len(w.ahead)
+}
+
+func (w *Worker) addAhead(l *queue.Lease) {
+	w.aheadMu.Lock()
+	w.ahead = append(w.ahead, l)
+	w.aheadMu.Unlock()
+}
+
+// updateHandOn decides, at the start of a turn, whether tasks may start
+// the leases waiting here until the next turn; probe lists the paused
+// channels whose probe is due.
+func (w *Worker) updateHandOn(probe []envelope.Channel) {
+	on := len(probe) == 0 &&
+		!slices.ContainsFunc(w.ready(), func(ch envelope.Channel) bool { return !w.aheadable(ch) }) &&
+		w.now().Before(w.lastRecover.Add(recoverEvery))
+	w.aheadMu.Lock()
+	w.handOn = on
+	w.aheadMu.Unlock()
+}
+
+// handOver takes the oldest lease waiting here for the slot of a task that
+// ends, or returns nil when the slot is to be freed: the loop wants it
+// (handOn is off), none waits, the worker is stopping, or the oldest is for
+// the loop to prune (paused, or kept too long).
+func (w *Worker) handOver(ctx context.Context) *queue.Lease {
+	w.aheadMu.Lock()
+	defer w.aheadMu.Unlock()
+	if !w.handOn || len(w.ahead) == 0 || ctx.Err() != nil {
+		return nil
+	}
+	l := w.ahead[0]
+	now := w.now()
+	if ready, _ := w.paused.split([]envelope.Channel{l.Channel}, now); len(ready) == 0 || !now.Before(w.aheadKept(l)) {
+		return nil
+	}
+	w.ahead = w.ahead[1:]
+	return l
+}
+
 // pruneAhead gives back, unused, the waiting leases that have aged past
 // aheadKept, those of channels now paused, and all of them when the
 // worker is stopping; it drops those a recovery has just taken over.
 func (w *Worker) pruneAhead(ctx context.Context, recovered []*queue.Lease) {
-	if len(w.ahead) == 0 {
-		return
-	}
 	now := w.now()
 	stopping := ctx.Err() != nil
 	ready, _ := w.paused.split(w.channels, now)
+	var back []*queue.Lease
+	w.aheadMu.Lock()
 	w.ahead = slices.DeleteFunc(w.ahead, func(l *queue.Lease) bool {
 		if slices.ContainsFunc(recovered, func(r *queue.Lease) bool { return r.Key == l.Key }) {
 			return true // fenced out: its row is being reconciled
 		}
 		if stopping || !now.Before(w.aheadKept(l)) || !slices.Contains(ready, l.Channel) {
-			w.release(ctx, l)
+			back = append(back, l)
 			return true
 		}
 		return false
 	})
+	w.aheadMu.Unlock()
+	for _, l := range back {
+		w.release(ctx, l)
+	}
 }
 
 // waiting reports whether a lease of ch waits here.
 func (w *Worker) waiting(ch envelope.Channel) bool {
+	w.aheadMu.Lock()
+	defer w.aheadMu.Unlock()
 	return slices.ContainsFunc(w.ahead, func(l *queue.Lease) bool { return l.Channel == ch })
 }
 
 // startAhead dispatches waiting leases into the free slots, oldest first.
 func (w *Worker) startAhead(ctx context.Context) bool {
 	started := false
-	for len(w.ahead) > 0 && w.free() > 0 {
+	for w.free() > 0 {
+		w.aheadMu.Lock()
+		if len(w.ahead) == 0 {
+			w.aheadMu.Unlock()
+			break
+		}
 		l := w.ahead[0]
 		w.ahead = w.ahead[1:]
+		w.aheadMu.Unlock()
 		w.dispatch(ctx, "deliver", l)
 		started = true
 	}
@@ -142,6 +209,8 @@ func (w *Worker) startAhead(ctx context.Context) bool {
 // aheadWait is how long until the first waiting lease must be given back,
 // or 0 when none waits.
 func (w *Worker) aheadWait() time.Duration {
+	w.aheadMu.Lock()
+	defer w.aheadMu.Unlock()
 	var wait time.Duration
 	for _, l := range w.ahead {
 		d := max(w.aheadKept(l).Sub(w.now()), time.Millisecond)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -472,7 +473,8 @@ func TestWorker_RowsWaitingAheadStartBeforeLaterClaims(t *testing.T) {
 		t.Fatalf("%d rows leased, want all %d (one in flight, the rest ahead)", n, len(envs))
 	}
 	// The next claim finds no free slot; while it runs, the call in
-	// flight returns and frees one.
+	// flight returns and passes its slot on to the rows waiting, until
+	// none is left and it frees it.
 	hook.mu.Lock()
 	hook.before = func() {
 		g.next <- struct{}{}
@@ -490,5 +492,101 @@ func TestWorker_RowsWaitingAheadStartBeforeLaterClaims(t *testing.T) {
 	want := []envelope.Key{keyOf(envs[0], 0), keyOf(envs[1], 0), keyOf(envs[2], 0), keyOf(envs[3], 0), keyOf(late, 0)}
 	if got := g.order(); !slices.Equal(got, want) {
 		t.Errorf("calls in the order %v, want %v", got, want)
+	}
+}
+
+// A task whose call returns while the loop's claim is under way starts the
+// next lease waiting ahead itself: on PostgreSQL a claim takes longer than
+// a quick call, and one slot would otherwise sit idle through each claim.
+func TestWorker_AFreedSlotStartsAWaitingLeaseDuringAClaim(t *testing.T) {
+	te := newTestEnv(t, queue.Backoff{})
+	g := newGate()
+	te.fakes[envelope.ChannelPush].OnDeliver(g.hold)
+	envs := nudges("n", 3)
+	te.enqueue(t, envs...)
+	hook := &claimHook{Store: te.store}
+	cfg := te.config()
+	cfg.Store = hook
+	cfg.Providers = te.providers(envelope.ChannelPush)
+	cfg.Concurrency = 1
+	r := startQuick(t, cfg)
+	inClaim, release := make(chan struct{}), make(chan struct{})
+	let := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(let) // before the worker stops
+
+	waitFor(t, "the first call", func() bool { return g.started() == 1 })
+	r.sync(t)
+	hook.mu.Lock()
+	hook.before = func() {
+		close(inClaim)
+		<-release
+	}
+	hook.mu.Unlock()
+	late := queuetest.Nudge("late", "ulate")
+	te.enqueue(t, late) // wakes the worker, which claims ahead
+	select {
+	case <-inClaim:
+	case <-time.After(waitTimeout):
+		t.Fatal("no claim after the enqueue")
+	}
+	g.next <- struct{}{}
+	waitFor(t, "the second call while the claim is under way", func() bool { return g.started() == 2 })
+	let()
+	for i := 3; i <= len(envs)+1; i++ {
+		g.pass(t, i)
+	}
+	g.next <- struct{}{}
+	r.idle(t)
+	want := []envelope.Key{keyOf(envs[0], 0), keyOf(envs[1], 0), keyOf(envs[2], 0), keyOf(late, 0)}
+	if got := g.order(); !slices.Equal(got, want) {
+		t.Errorf("calls in the order %v, want %v", got, want)
+	}
+}
+
+// Tasks that pass their slots on to leases waiting ahead let one go free
+// within recoverEvery, so that a lease another process left to expire is
+// reconciled even while a steady flow keeps every slot busy.
+func TestWorker_PassingSlotsOnLeavesRoomForRecovery(t *testing.T) {
+	te := newTestEnv(t, queue.Backoff{})
+	g := newGate()
+	lost := queuetest.Nudge("lost", "ulost")
+	var r *running
+	var before atomic.Int64 // reconciliations ended when the second call started
+	te.fakes[envelope.ChannelPush].OnDeliver(func(k envelope.Key) {
+		if g.started() == 1 {
+			before.Store(int64(r.count(is("reconcile", keyOf(lost, 0), ""))))
+		}
+		g.hold(k)
+	})
+	te.enqueue(t, lost)
+	if _, err := te.store.Claim(context.Background(), queue.ClaimRequest{Owner: "crashed", Lease: time.Second, Limit: 1}); err != nil {
+		t.Fatal(err)
+	}
+	envs := nudges("n", 4)
+	te.enqueue(t, envs...)
+	cfg := te.config()
+	cfg.Providers = te.providers(envelope.ChannelPush)
+	cfg.Concurrency = 1
+	cfg.Lease = time.Minute
+	r = startQuick(t, cfg)
+
+	waitFor(t, "the first call", func() bool { return g.started() == 1 })
+	r.sync(t)
+	te.clock.Advance(2 * time.Second) // the crashed owner's lease has run out
+	r.sync(t)
+	g.pass(t, 2)
+	if n := before.Load(); n != 1 {
+		t.Errorf("the second call started after %d reconciliations of the expired lease, want 1", n)
+	}
+	// The lost row, never delivered, is resent after the four.
+	for i := 3; i <= len(envs)+1; i++ {
+		g.pass(t, i)
+	}
+	g.next <- struct{}{}
+	r.idle(t)
+	for _, e := range append(envs, lost) {
+		if seg := segment(t, te.store, keyOf(e, 0)); seg.State != envelope.StateSent {
+			t.Errorf("%s: %s, want sent", e.ID, seg.State)
+		}
 	}
 }

@@ -45,12 +45,16 @@
 // redelivers idempotently (channels.Capabilities.IdempotentRedelivery) and
 // that have no rate limit the worker also leases rows for slots not free
 // yet: as many as its slots finish during about two claims, from moving
-// averages of both, at most 8 per slot (32 in all with fewer slots). In
+// averages of both, at most 32 per slot (128 in all with fewer slots). In
 // front of a provider whose calls take tens of milliseconds that is none.
 // They wait in the worker, oldest first; rows of the other channels
 // claimed meanwhile go before them; one that has waited half its lease, or
 // whose channel pauses, is released unused, and all are released when Run
-// stops. Every lease is still written before its provider call. A worker killed with leases waiting leaves them
+// stops. A task whose call returns starts the oldest waiting lease in its
+// own slot, without waiting for the loop (which may be inside a claim),
+// unless the loop wants the slot: when it serves a channel not claimed
+// ahead (whose rows go first), a paused channel's probe is due, or it has
+// not looked for expired leases in the last 100 ms. Every lease is still written before its provider call. A worker killed with leases waiting leaves them
 // to reconciliation, as it leaves its calls in flight.
 //
 // # Channels without a provider

@@ -72,12 +72,16 @@ type Worker struct {
 	wg    sync.WaitGroup
 
 	flights flights // delivery tasks running, for the recovery of their leases
-	// ahead holds leases claimed for slots not free yet (loop goroutine
-	// only; ahead.go); pace times claims and calls, to bound it.
-	ahead  []*queue.Lease
-	pace   pace
-	hintMu sync.Mutex
-	hints  []time.Time // sorted due times this worker knows of (its retries, its abandoned leases)
+	// ahead holds leases claimed for slots not free yet (ahead.go): the
+	// loop adds and prunes them, the loop and (while handOn) the tasks that
+	// end start them. pace times claims and calls, to bound it.
+	aheadMu     sync.Mutex
+	ahead       []*queue.Lease
+	handOn      bool
+	lastRecover time.Time // loop only: when the loop last looked for expired leases
+	pace        pace
+	hintMu      sync.Mutex
+	hints       []time.Time // sorted due times this worker knows of (its retries, its abandoned leases)
 
 	mu      sync.Mutex
 	closed  bool
@@ -345,6 +349,7 @@ func (w *Worker) free() int { return cap(w.slots) - len(w.slots) }
 func (w *Worker) turn(ctx context.Context) (progress, saturated bool, err error) {
 	var recovered []*queue.Lease
 	if n := w.free(); n > 0 {
+		w.lastRecover = w.now()
 		recovered, err = w.leases.Recover(ctx, w.request(w.channels, n))
 		if err != nil {
 			if ctx.Err() == nil {
@@ -360,6 +365,7 @@ func (w *Worker) turn(ctx context.Context) (progress, saturated bool, err error)
 	w.pruneAhead(ctx, recovered)
 	// A paused channel whose pause is over is tried with one row.
 	_, probe := w.paused.split(w.readyChannels(time.Now()), w.now())
+	w.updateHandOn(probe)
 	for _, ch := range probe {
 		if w.free() == 0 {
 			break
@@ -370,7 +376,7 @@ func (w *Worker) turn(ctx context.Context) (progress, saturated bool, err error)
 		}
 		progress = progress || n > 0
 	}
-	if len(w.ahead) > 0 && w.free() > 0 {
+	if w.aheadLen() > 0 && w.free() > 0 {
 		// Rows of the other channels go before those waiting here, which
 		// were claimed earlier: otherwise a steady flow on one channel
 		// would keep a slot from them for good.
@@ -441,7 +447,7 @@ func (w *Worker) claim(ctx context.Context, chans []envelope.Channel, limit, ahe
 		// A slot freed during the claim goes to the rows of this channel
 		// that were waiting already: they were due first.
 		if w.free() == 0 || w.waiting(l.Channel) {
-			w.ahead = append(w.ahead, l)
+			w.addAhead(l)
 			continue
 		}
 		w.dispatch(ctx, "deliver", l)
@@ -586,6 +592,13 @@ func (w *Worker) nextHint(start time.Time) (time.Time, bool) {
 // only claims as many rows as there are free slots, so this never blocks.
 func (w *Worker) dispatch(ctx context.Context, op string, l *queue.Lease) {
 	w.slots <- struct{}{}
+	w.run(ctx, op, l)
+}
+
+// run runs one task in its own goroutine, in a slot already held. A task
+// frees its slot when its provider call returns, or passes it on to a
+// lease waiting ahead (handOver).
+func (w *Worker) run(ctx context.Context, op string, l *queue.Lease) {
 	w.wg.Add(1)
 	if op != "reconcile" {
 		w.flights.start(l) // before the loop's next turn may recover l
@@ -597,7 +610,11 @@ func (w *Worker) dispatch(ctx context.Context, op string, l *queue.Lease) {
 		var once sync.Once
 		free := func() {
 			once.Do(func() {
-				<-w.slots
+				if next := w.handOver(ctx); next != nil {
+					w.run(ctx, "deliver", next)
+				} else {
+					<-w.slots
+				}
 				w.taskSignal()
 			})
 		}
