@@ -90,7 +90,7 @@ func TestErase_ForgetsCachedEnvelopes(t *testing.T) {
 		t.Fatal(err)
 	}
 	q.Rescan()
-	if err := q.catchUpAll(); err != nil {
+	if err := q.catchUpAll(false); err != nil {
 		t.Fatal(err)
 	}
 	st, err := q.Get(ctx, "", "new")
@@ -167,7 +167,7 @@ func TestErase_RacingEnqueuesLeaveAConsistentStore(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if err := q.catchUpAll(); err != nil { // the other process's last lines
+	if err := q.catchUpAll(false); err != nil { // the other process's last lines
 		t.Fatal(err)
 	}
 	rep, err := q.Check()

@@ -115,7 +115,7 @@ func TestFault_BatchAcrossLogsWithdrawn(t *testing.T) {
 		t.Fatalf("Enqueue = %v", err)
 	}
 	q.Rescan()
-	if err := q.catchUpAll(); err != nil {
+	if err := q.catchUpAll(false); err != nil {
 		t.Fatal(err)
 	}
 	if n := rows(t, q); n != 0 {
@@ -145,7 +145,7 @@ func TestFault_IndexCommitFails(t *testing.T) {
 	if !strings.Contains(string(b), `"id":"x"`) {
 		t.Fatalf("record not in the log: %q", b)
 	}
-	if err := q.catchUpAll(); err != nil {
+	if err := q.catchUpAll(false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := q.Get(context.Background(), "", "x"); err != nil {

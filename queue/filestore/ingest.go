@@ -402,8 +402,10 @@ func (q *Queue) withdraw(rel string, start, end int64) {
 	})
 }
 
-// catchUpAll indexes every log from its stored offset (Open, rescans).
-func (q *Queue) catchUpAll() error {
+// catchUpAll indexes every log from its stored offset (Open, rescans);
+// atOpen says the lines it finds were appended while no store had the
+// directory open.
+func (q *Queue) catchUpAll(atOpen bool) error {
 	rels, err := q.listLogs()
 	if err != nil {
 		return err
@@ -414,8 +416,9 @@ func (q *Queue) catchUpAll() error {
 	return q.write(context.Background(), true, func(tx *bolt.Tx) error {
 		// A copy of the data directory has every log under another inode:
 		// one warning for them all, not one per user.
-		q.resets = map[logReset]int{}
+		q.resets, q.atOpen = map[logReset]int{}, atOpen
 		defer func() {
+			q.atOpen = false
 			for why, n := range q.resets {
 				if n > resetsLogged {
 					q.log.Warn(fmt.Sprintf("%d logs %s under the store in all, %d more than the warnings above (a copy or a restore of the data directory?): each indexed again from its start; if it was restored from a backup, stop serve and run outbox doctor --after-restore, or what was delivered since the backup is delivered again", n, why, n-resetsLogged),
@@ -851,10 +854,12 @@ func (q *Queue) indexRecord(tx *bolt.Tx, rel string, off int64, n int, env *enve
 		segs = envelope.Rows(env)
 	}
 	enq := now
-	if q.rebuild && !env.CreatedAt.IsZero() && env.CreatedAt.Before(now) {
-		// A log line does not say when it was enqueued: the envelope's
-		// creation is the nearest known time (the rebuild's would make a
-		// month-old row look fresh to the operator resolving it).
+	if (q.rebuild || q.atOpen) && !env.CreatedAt.IsZero() && env.CreatedAt.Before(now) {
+		// A log line does not say when it was enqueued: for a rebuild, or a
+		// line appended while no store watched, the envelope's creation is
+		// the nearest known time (the rebuild's or the Open's would make a
+		// month-old row look fresh to the operator resolving it, and its
+		// delivery quick in the latency metric).
 		enq = env.CreatedAt
 	}
 	rec := &envRec{

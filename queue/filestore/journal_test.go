@@ -13,6 +13,7 @@ import (
 	"github.com/outboxhq/outbox/envelope"
 	"github.com/outboxhq/outbox/queue"
 	"github.com/outboxhq/outbox/queue/filestore"
+	"github.com/outboxhq/outbox/queue/filestore/internal/applog"
 	"github.com/outboxhq/outbox/queue/queuetest"
 )
 
@@ -240,6 +241,66 @@ func TestRebuild_EnqueuedAtIsTheEnvelopesCreation(t *testing.T) {
 		}
 		if !st.EnqueuedAt.Equal(want) {
 			t.Errorf("%s after the rebuild: enqueued_at %v, want %v", id, st.EnqueuedAt, want)
+		}
+	}
+}
+
+// A line appended while no store had the directory open is indexed at the
+// next Open with its envelope's created_at as its enqueue time (clamped to
+// the Open's time), as a rebuild does: the Open's time would make it look
+// fresh, and its delivery quick. A line appended under a running store
+// keeps the time it was ingested.
+func TestOpen_ALineAppendedWhileClosedIsEnqueuedAtItsCreation(t *testing.T) {
+	dir := t.TempDir()
+	clock := queuetest.NewClock(queuetest.T0)
+	q := openClocked(t, dir, clock)
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	appendForeign := func(e *envelope.Envelope) {
+		t.Helper()
+		e.TenantID = envelope.DefaultTenant
+		line, err := envelope.ValidEncoding(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := applog.AppendLocked(filestore.LogPath(dir, e.TenantID, e.UserID), append(line, '\n'), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := queuetest.Reply("r-old", "u-1", "hi")
+	old.CreatedAt = queuetest.T0.Add(-time.Hour)
+	ahead := queuetest.Reply("r-ahead", "u-1", "hi") // a producer's clock ahead of the Open's
+	ahead.CreatedAt = queuetest.T0.Add(48 * time.Hour)
+	appendForeign(old)
+	appendForeign(ahead)
+	clock.Advance(24 * time.Hour)
+	openedAt := clock.Now()
+	q = mustOpen(t, dir, &filestore.Options{Options: queue.Options{Now: clock.Now}, RescanInterval: -1})
+	defer q.Close()
+
+	clock.Advance(time.Hour)
+	live := queuetest.Reply("r-live", "u-2", "hi")
+	live.CreatedAt = queuetest.T0.Add(-time.Hour)
+	appendForeign(live)
+	q.Rescan()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := q.Get(context.Background(), "", "r-live"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the line appended under the running store was not ingested")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for id, want := range map[string]time.Time{"r-old": old.CreatedAt, "r-ahead": openedAt, "r-live": clock.Now()} {
+		st, err := q.Get(context.Background(), "", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.EnqueuedAt.Equal(want) {
+			t.Errorf("%s: enqueued_at %v, want %v", id, st.EnqueuedAt, want)
 		}
 	}
 }

@@ -126,7 +126,7 @@ func TestSymlinks_LogsAndTenantDirsNeverFollowed(t *testing.T) {
 
 			// A rescan, and a catch-up of that one log (an fsnotify
 			// event's), skip it without failing.
-			if err := q.catchUpAll(); err != nil {
+			if err := q.catchUpAll(false); err != nil {
 				t.Fatalf("rescan: %v", err)
 			}
 			notIndexed("rescan")

@@ -238,7 +238,7 @@ func TestLogFault_TruncatedLogThenForeignAppend(t *testing.T) {
 			}
 			if tc.stopped {
 				q = openFault(t, dir)
-			} else if err := q.catchUpAll(); err != nil {
+			} else if err := q.catchUpAll(false); err != nil {
 				t.Fatal(err)
 			}
 			leases := claimAll(t, q)
@@ -273,7 +273,7 @@ func TestLogFault_ReplacedLog(t *testing.T) {
 	}
 	mustEnqueue(t, q, replyEnv("r-c", "u1", "hello"))
 	wantInLog(t, dir, "u1", "r-b", "r-f", "r-c")
-	if err := q.catchUpAll(); err != nil {
+	if err := q.catchUpAll(false); err != nil {
 		t.Fatal(err)
 	}
 	leases := claimAll(t, q)

@@ -139,7 +139,7 @@ func TestOldReserve_ReadAppendedAndPruned(t *testing.T) {
 	if err := Append(dir, faultEnvelope("foreign-u2", "u2")); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.catchUpAll(); err != nil {
+	if err := q.catchUpAll(false); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"old-u1", "old-u2", "new-u2", "foreign-u2"} {

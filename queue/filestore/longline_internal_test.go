@@ -76,7 +76,7 @@ func TestCatchUp_LongForeignLine(t *testing.T) {
 	pass := func(what string, bound uint64) {
 		t.Helper()
 		var err error
-		n := allocatedBy(func() { err = q.catchUpAll() })
+		n := allocatedBy(func() { err = q.catchUpAll(false) })
 		if err != nil {
 			t.Fatalf("%s: catch-up: %v", what, err)
 		}
@@ -127,7 +127,7 @@ func TestCatchUp_LongForeignLine(t *testing.T) {
 	// Nothing is read or quarantined again on a restart.
 	q.Close()
 	q = openFault(t, dir)
-	if err := q.catchUpAll(); err != nil {
+	if err := q.catchUpAll(false); err != nil {
 		t.Fatal(err)
 	}
 	if qr, _ := q.Quarantined(); len(qr) != 1 {
@@ -173,7 +173,7 @@ func TestCatchUp_AppendEndsLongLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	if err := q.catchUpAll(); err != nil {
+	if err := q.catchUpAll(false); err != nil {
 		t.Fatal(err)
 	}
 	mustEnqueue(t, q, replyEnv("mine", "u1", "hello"))
@@ -218,7 +218,7 @@ func TestCatchUp_ReplacedLogAcrossWindows(t *testing.T) {
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.catchUpAll(); err != nil {
+	if err := q.catchUpAll(false); err != nil {
 		t.Fatal(err)
 	}
 	var leases = map[string]bool{}

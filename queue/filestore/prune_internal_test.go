@@ -30,7 +30,7 @@ func TestPrune_RemovesLogsAnOlderPruneLeft(t *testing.T) {
 	if err := os.WriteFile(LogPath(dir, "", "junk"), []byte("not an envelope\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.catchUpAll(); err != nil {
+	if err := q.catchUpAll(false); err != nil {
 		t.Fatal(err)
 	}
 	if err := q.write(ctx, false, func(tx *bolt.Tx) error {
@@ -100,7 +100,7 @@ func TestPrune_KeepsALogWithNewWork(t *testing.T) {
 			t.Errorf("%s's log was removed: %v", u, err)
 		}
 	}
-	if err := q.catchUpAll(); err != nil {
+	if err := q.catchUpAll(false); err != nil {
 		t.Fatal(err)
 	}
 	wantLeased(t, claimAll(t, q), "n-late")
@@ -205,7 +205,7 @@ func TestPrune_AnIDAppendedAgainAfterItsPruneIsIndexed(t *testing.T) {
 	if err := os.Rename(path+".new", path); err != nil { // the same content, another file
 		t.Fatal(err)
 	}
-	if err := q.catchUpAll(); err != nil {
+	if err := q.catchUpAll(false); err != nil {
 		t.Fatal(err)
 	}
 	leases := claimAll(t, q)

@@ -45,6 +45,9 @@ type Queue struct {
 	// rebuild: records are indexed with their rows already unresolved (or
 	// expired), never pending (Rebuild's index under construction).
 	rebuild bool
+	// atOpen: Open's catch-up is indexing lines appended while no store had
+	// the directory open (writer only; catchUpAll).
+	atOpen bool
 
 	ops    chan *op
 	notify chan struct{}
@@ -333,7 +336,7 @@ func openLocked(dir string, o Options, lk *dirLock) (_ *Queue, err error) {
 	q.wg.Add(1)
 	go q.writeLoop()
 	// Catch up on every log before reporting ready.
-	if err := q.catchUpAll(); err != nil {
+	if err := q.catchUpAll(true); err != nil {
 		q.Close()
 		return nil, pointAtDoctor(dir, err)
 	}

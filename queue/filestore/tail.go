@@ -203,7 +203,7 @@ func (t *tailer) loop() {
 		var err error
 		if all {
 			start := time.Now()
-			err = t.q.catchUpAll()
+			err = t.q.catchUpAll(false)
 			if timer != nil {
 				took := time.Since(start)
 				wait := rescanWait(t.q.opts.RescanInterval, took)
