@@ -156,7 +156,16 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 		}
 	}
 	if len(fresh) > 0 {
-		if err := filestore.Append(*data, fresh...); err != nil {
+		// Another process holding a log's lock would hang this command
+		// without a word.
+		waiting := func(waited time.Duration, acquired bool) {
+			if !acquired {
+				fmt.Fprintf(e.Stderr, "outbox enqueue: waiting %s so far for another process's lock on a user's log (a process appending to the logs must hold it only for its write and fsync; docs/data-format.md)\n", waited)
+				return
+			}
+			fmt.Fprintf(e.Stderr, "outbox enqueue: the log's lock was released after %s; appending\n", waited.Round(time.Millisecond))
+		}
+		if err := filestore.AppendWaiting(*data, waiting, fresh...); err != nil {
 			return refuse("%v", err)
 		}
 	}

@@ -32,6 +32,14 @@ import (
 // leaves the earlier logs' records in place (they are durable and will be
 // delivered); the error says so.
 func Append(dir string, envs ...*envelope.Envelope) error {
+	return AppendWaiting(dir, nil, envs...)
+}
+
+// AppendWaiting is Append that tells waiting when an append has waited a
+// second for another process's lock on its log (acquired false: that
+// process holds it for longer than a write and an fsync), and again with
+// the whole wait once it has the lock. A nil waiting is Append.
+func AppendWaiting(dir string, waiting func(waited time.Duration, acquired bool), envs ...*envelope.Envelope) error {
 	if fi, err := os.Stat(dir); isNotExist(err) {
 		return fmt.Errorf("no data directory %s: nothing was appended (outbox serve makes it when it first starts; make it first to append before that)", dir)
 	} else if err == nil && !fi.IsDir() {
@@ -55,7 +63,7 @@ func Append(dir string, envs ...*envelope.Envelope) error {
 		byLog[rel] = append(append(byLog[rel], line...), '\n')
 	}
 	for i, rel := range order {
-		if _, err := applog.AppendIn(dir, rel, byLog[rel], applog.Fdatasync); err != nil {
+		if _, err := applog.AppendIn(dir, rel, byLog[rel], applog.Fdatasync, waiting); err != nil {
 			if i > 0 {
 				return fmt.Errorf("append to log %d of %d: %w (the earlier logs' records were appended)", i+1, len(order), err)
 			}

@@ -200,24 +200,29 @@ func NewAppender(dataDir string, sync Syncer) *Appender {
 var LockWarnAfter = time.Second
 
 // lock takes f's exclusive flock, telling SlowLock of a long wait.
-func (a *Appender) lock(f *os.File) error {
+func (a *Appender) lock(f *os.File) error { return lockFile(f, a.SlowLock) }
+
+// lockFile takes f's exclusive flock. When slow is set and the lock is
+// held elsewhere for LockWarnAfter, slow is told (acquired false), and
+// again with the whole wait once the lock is taken.
+func lockFile(f *os.File, slow func(waited time.Duration, acquired bool)) error {
 	fd := int(f.Fd())
 	err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-	if !errors.Is(err, unix.EWOULDBLOCK) || a.SlowLock == nil {
+	if !errors.Is(err, unix.EWOULDBLOCK) || slow == nil {
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			err = unix.Flock(fd, unix.LOCK_EX)
 		}
 		return err
 	}
 	start, told := time.Now(), make(chan struct{})
-	slow := time.AfterFunc(LockWarnAfter, func() {
-		a.SlowLock(LockWarnAfter, false)
+	t := time.AfterFunc(LockWarnAfter, func() {
+		slow(LockWarnAfter, false)
 		close(told)
 	})
 	err = unix.Flock(fd, unix.LOCK_EX)
-	if !slow.Stop() {
+	if !t.Stop() {
 		<-told // in order
-		a.SlowLock(time.Since(start), true)
+		slow(time.Since(start), true)
 	}
 	return err
 }
@@ -394,7 +399,7 @@ func (a *Appender) appendTo(rel string, g *group, buf []byte) (int64, uint64, er
 			if !a.admit(g) {
 				// Every cached log is busy: append without caching.
 				g.end = -1
-				off, err := appendLockedIn(path, buf, a.sync, a.mkdirIn)
+				off, err := appendLockedIn(path, buf, a.sync, a.mkdirIn, a.SlowLock)
 				ino, _ := Inode(path)
 				return off, ino, err
 			}
@@ -706,16 +711,16 @@ func fileInode(f *os.File) (uint64, error) {
 // It needs no bbolt and no running daemon: foreign-process appenders (the
 // CLI's enqueue) use it directly.
 func AppendLocked(path string, buf []byte, sync Syncer) (int64, error) {
-	return appendLockedIn(path, buf, sync, mkdirAll)
+	return appendLockedIn(path, buf, sync, mkdirAll, nil)
 }
 
-func appendLockedIn(path string, buf []byte, sync Syncer, mkdir func(string) ([]string, error)) (int64, error) {
+func appendLockedIn(path string, buf []byte, sync Syncer, mkdir func(string) ([]string, error), slow func(time.Duration, bool)) (int64, error) {
 	for {
 		f, dirs, err := openLog(path, mkdir)
 		if err != nil {
 			return 0, err
 		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		if err := lockFile(f, slow); err != nil {
 			f.Close()
 			return 0, fmt.Errorf("lock log: %w", err)
 		}
@@ -797,13 +802,14 @@ func mkdirInside(dataDir string, fi os.FileInfo, dir string) ([]string, error) {
 // which must exist (fs.ErrNotExist): it creates what is missing inside it
 // (logs/, a tenant's directory), never dataDir itself, so that a foreign
 // appender given a wrong path, or a directory moved away under it, starts
-// no store that nothing reads.
-func AppendIn(dataDir, rel string, buf []byte, sync Syncer) (int64, error) {
+// no store that nothing reads. slow, when set, is told of a long wait for
+// the log's lock (as an Appender's SlowLock).
+func AppendIn(dataDir, rel string, buf []byte, sync Syncer, slow func(waited time.Duration, acquired bool)) (int64, error) {
 	fi, err := os.Stat(dataDir)
 	if err != nil {
 		return 0, err
 	}
-	return appendLockedIn(filepath.Join(dataDir, rel), buf, sync, func(dir string) ([]string, error) { return mkdirInside(dataDir, fi, dir) })
+	return appendLockedIn(filepath.Join(dataDir, rel), buf, sync, func(dir string) ([]string, error) { return mkdirInside(dataDir, fi, dir) }, slow)
 }
 
 // openLog opens the log at path for appending, creating it and its

@@ -70,3 +70,48 @@ func TestAppender_ReportsALongLockWait(t *testing.T) {
 	}
 	wantFile(t, filepath.Join(dir, rel), first, second)
 }
+
+// A foreign appender's AppendIn (outbox enqueue) reports a long wait for
+// the log's lock the same way.
+func TestAppendIn_ReportsALongLockWait(t *testing.T) {
+	defer func(d time.Duration) { LockWarnAfter = d }(LockWarnAfter)
+	LockWarnAfter = 10 * time.Millisecond
+	dir := t.TempDir()
+	rel := filepath.Join(Dir, "t", "u.jsonl")
+	first := rec(1, 64)
+	if _, err := AppendIn(dir, rel, first, nil, func(time.Duration, bool) { t.Error("an append without a lock held reported a wait") }); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := os.OpenFile(filepath.Join(dir, rel), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if err := unix.Flock(int(holder.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	type report struct {
+		waited   time.Duration
+		acquired bool
+	}
+	reports := make(chan report, 4)
+	second := rec(2, 64)
+	done := make(chan error, 1)
+	go func() {
+		_, err := AppendIn(dir, rel, second, nil, func(d time.Duration, acquired bool) { reports <- report{d, acquired} })
+		done <- err
+	}()
+	if r := <-reports; r.acquired {
+		t.Fatalf("first report %+v, want the wait so far", r)
+	}
+	if err := unix.Flock(int(holder.Fd()), unix.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-reports; !r.acquired || r.waited < LockWarnAfter {
+		t.Fatalf("second report %+v, want the lock acquired after the whole wait", r)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	wantFile(t, filepath.Join(dir, rel), first, second)
+}
