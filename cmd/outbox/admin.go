@@ -42,6 +42,9 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 	if _, err := os.Stat(*data); err != nil {
 		return fail(e, "no data directory %s", *data)
 	}
+	if err := notPGDir(*data); err != nil {
+		return fail(e, "%v", err)
+	}
 	sockUp := socketUp(*data)
 	if *afterRestore {
 		if *rebuild {
@@ -207,6 +210,9 @@ func runCompact(ctx context.Context, e *env, args []string) int {
 	} else if dsn != "" {
 		return fileOnly(e, "compact (serve prunes PostgreSQL every hour; VACUUM is the server's)")
 	}
+	if err := notPGDir(*data); err != nil {
+		return fail(e, "%v", err)
+	}
 	if socketUp(*data) {
 		b, closeFn, err := openBackend(*data)
 		if err != nil {
@@ -248,6 +254,9 @@ func runPath(ctx context.Context, e *env, args []string) int {
 		return fail(e, "%v", err)
 	} else if dsn != "" {
 		return fileOnly(e, "path (append logs)")
+	}
+	if err := notPGDir(*data); err != nil {
+		return fail(e, "%v", err)
 	}
 	if *user == "" {
 		fmt.Fprintln(e.Stderr, "Error: --user is required")

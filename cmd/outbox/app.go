@@ -223,6 +223,9 @@ func buildApp(e *env, c appConfig) (*app, error) {
 		}
 		a.q, storeNow = pg, pg.Now
 	} else {
+		if err := notPGDir(c.Data); err != nil {
+			return fail(err)
+		}
 		// Claims of channels whose provider redelivers idempotently skip
 		// their fsync (see queue.Options.UnsyncedClaims).
 		fq, err := filestore.Open(c.Data, &filestore.Options{Options: qo, RescanInterval: c.Rescan, NoSync: c.Relaxed, LogRewriteMin: c.LogRewriteMin, UnsyncedClaims: idempotentChannels(a.providers)})

@@ -122,6 +122,9 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 	if err := checkOwner(*data); err != nil {
 		return refuse("%v: nothing was stored", err)
 	}
+	if err := notPGDir(*data); err != nil {
+		return refuse("%v: nothing was appended", err)
+	}
 	known, err := filestore.Known(*data, keys)
 	if errors.Is(err, filestore.ErrStoreBusy) {
 		// serve has the store: ask it (it dedupes when it indexes anyway,

@@ -307,6 +307,9 @@ func openBackend(dir string) (backend, func(), error) {
 		}}, Timeout: opTimeout}
 		return &socketBackend{c: c, path: path, dir: dir}, func() {}, nil
 	}
+	if err := notPGDir(dir); err != nil {
+		return nil, nil, err
+	}
 	if _, err := os.Stat(filepath.Join(dir, filestore.IndexFile)); err != nil {
 		if !neverOpened(dir) {
 			return nil, nil, fmt.Errorf("the index %s is missing (the store had one): run \"outbox doctor --rebuild --data %s\" to rebuild it from the logs", filepath.Join(dir, filestore.IndexFile), dir)

@@ -58,6 +58,23 @@ func statOK(path string) bool { _, err := os.Stat(path); return err == nil }
 // backup under it is refused.
 func pgMark(data, schema string) string { return filepath.Join(data, "pg-"+schema+".mark") }
 
+// notPGDir refuses to use dir as a file store when a serve on PostgreSQL
+// marked it as its data directory and no file store was ever opened
+// there. Leaving out the database URL (an environment file not loaded, a
+// typo) would otherwise start an empty file store beside the queue in
+// PostgreSQL, acknowledging envelopes that no serve on PostgreSQL
+// delivers.
+func notPGDir(dir string) error {
+	marks, _ := filepath.Glob(pgMark(dir, "*"))
+	if len(marks) == 0 || !neverOpened(dir) {
+		return nil
+	}
+	schema := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(marks[0]), "pg-"), ".mark")
+	return fmt.Errorf("%s is the data directory of a serve on PostgreSQL (schema %s), not a file store: pass --database-url, or set %s or %s_FILE; "+
+		"without it an empty file store would start there, and what it accepted no serve on PostgreSQL would deliver "+
+		"(to make a file store there after all, remove %s)", dir, schema, EnvDatabaseURL, EnvDatabaseURL, marks[0])
+}
+
 // openPG opens the PostgreSQL store (pgstore's errors never repeat the DSN);
 // mark is its mark file ("" for none).
 func openPG(ctx context.Context, dsn, schema string, noMigrate bool, mark string, o queue.Options) (*pgstore.Store, error) {

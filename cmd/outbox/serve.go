@@ -223,6 +223,9 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	defer a.close()
 	if dsn != "" {
 		log.Info("store: PostgreSQL, schema "+cfg.DatabaseSchema, "operation", "serve")
+		if !neverOpened(cfg.Data) {
+			log.Warn("the data directory "+cfg.Data+" holds a file store too: a serve on PostgreSQL does not deliver its envelopes; drain it with a serve without --database-url, then move it away", "operation", "serve", "status", "file_store_beside")
+		}
 	} else {
 		logFileStore(ctx, log, a.q, cfg.Data, fresh)
 	}
