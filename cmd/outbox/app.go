@@ -82,8 +82,8 @@ type app struct {
 // usedBefore reports whether an earlier serve used data directory dir: a
 // file store was opened in it, or a PostgreSQL store marked it.
 func usedBefore(dir string) bool {
-	marks, _ := filepath.Glob(pgMark(dir, "*"))
-	return !neverOpened(dir) || len(marks) > 0
+	_, mark := pgMarked(dir)
+	return !neverOpened(dir) || mark != ""
 }
 
 func buildApp(e *env, c appConfig) (*app, error) {
@@ -217,6 +217,9 @@ func buildApp(e *env, c appConfig) (*app, error) {
 	qo := queue.Options{Logger: c.Logger.With("component", "queue"), Registerer: reg, Backoff: c.Backoff, Retention: c.Retention}
 	storeNow := time.Now // the worker's clock: the store's
 	if c.DatabaseURL != "" {
+		if err := sameSchema(c.Data, c.DatabaseSchema); err != nil {
+			return fail(err)
+		}
 		pg, err := openPG(context.Background(), c.DatabaseURL, c.DatabaseSchema, c.NoMigrate, pgMark(c.Data, c.DatabaseSchema), qo)
 		if err != nil {
 			return fail(err)

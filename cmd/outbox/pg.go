@@ -58,6 +58,16 @@ func statOK(path string) bool { _, err := os.Stat(path); return err == nil }
 // backup under it is refused.
 func pgMark(data, schema string) string { return filepath.Join(data, "pg-"+schema+".mark") }
 
+// pgMarked returns a schema whose serve marked data directory dir, and
+// the path of its mark ("" when none did).
+func pgMarked(dir string) (schema, mark string) {
+	marks, _ := filepath.Glob(pgMark(dir, "*"))
+	if len(marks) == 0 {
+		return "", ""
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(filepath.Base(marks[0]), "pg-"), ".mark"), marks[0]
+}
+
 // notPGDir refuses to use dir as a file store when a serve on PostgreSQL
 // marked it as its data directory and no file store was ever opened
 // there. Leaving out the database URL (an environment file not loaded, a
@@ -65,14 +75,30 @@ func pgMark(data, schema string) string { return filepath.Join(data, "pg-"+schem
 // PostgreSQL, acknowledging envelopes that no serve on PostgreSQL
 // delivers.
 func notPGDir(dir string) error {
-	marks, _ := filepath.Glob(pgMark(dir, "*"))
-	if len(marks) == 0 || !neverOpened(dir) {
+	schema, mark := pgMarked(dir)
+	if mark == "" || !neverOpened(dir) {
 		return nil
 	}
-	schema := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(marks[0]), "pg-"), ".mark")
 	return fmt.Errorf("%s is the data directory of a serve on PostgreSQL (schema %s), not a file store: pass --database-url, or set %s or %s_FILE; "+
 		"without it an empty file store would start there, and what it accepted no serve on PostgreSQL would deliver "+
-		"(to make a file store there after all, remove %s)", dir, schema, EnvDatabaseURL, EnvDatabaseURL, marks[0])
+		"(to make a file store there after all, remove %s)", dir, schema, EnvDatabaseURL, EnvDatabaseURL, mark)
+}
+
+// sameSchema refuses a serve on schema when its data directory is marked
+// by a serve on another schema only: a schema setting left out on a
+// restart would migrate a new, empty queue beside the one in use, and
+// what it accepted a serve on the usual schema would never deliver.
+func sameSchema(dir, schema string) error {
+	if statOK(pgMark(dir, schema)) {
+		return nil
+	}
+	other, mark := pgMarked(dir)
+	if mark == "" {
+		return nil
+	}
+	return fmt.Errorf("%s is the data directory of a serve on PostgreSQL schema %s, and this serve is set for schema %s: set --database-schema (or OUTBOX_DATABASE_SCHEMA) to %s; "+
+		"otherwise a new, empty queue would start in schema %s, and what it accepted a serve on schema %s would never deliver "+
+		"(to start schema %s with this data directory after all, remove %s)", dir, other, schema, other, schema, other, schema, mark)
 }
 
 // openPG opens the PostgreSQL store (pgstore's errors never repeat the DSN);

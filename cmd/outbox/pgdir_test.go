@@ -78,3 +78,32 @@ func TestPG_ADataDirOfAPostgreSQLServeIsNoFileStore(t *testing.T) {
 		t.Errorf("serve on PostgreSQL beside a file store:\n%s", logs.String())
 	}
 }
+
+// A serve restarted without its schema setting would migrate a new, empty
+// queue in the default schema beside the one in use: a data directory
+// marked by a serve on another schema only is refused, and the new schema
+// is not made.
+func TestPG_ADataDirKeepsItsSchema(t *testing.T) {
+	used, other := pgtest.Schema(t), pgtest.Schema(t)
+	data := t.TempDir()
+	start := func(schema string) (*lockedBuffer, int) {
+		vars := map[string]string{EnvDatabaseURL: pgtest.DSN(), "OUTBOX_DATABASE_SCHEMA": schema}
+		_, logs, stop := startServeEnv(t, vars, "--data", data)
+		return logs, stop()
+	}
+	if logs, code := start(used); code != 0 {
+		t.Fatalf("serve on %s = %d:\n%s", used, code, logs.String())
+	}
+	logs, code := start(other)
+	want := data + " is the data directory of a serve on PostgreSQL schema " + used + ", and this serve is set for schema " + other
+	if code == exitOK || !strings.Contains(logs.String(), want) {
+		t.Fatalf("serve on %s = %d, want it refused:\n%s", other, code, logs.String())
+	}
+	var made bool
+	if err := pgtest.Admin().QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, other).Scan(&made); err != nil || made {
+		t.Errorf("schema %s made: %v %v", other, made, err)
+	}
+	if logs, code := start(used); code != 0 {
+		t.Errorf("serve on %s again = %d:\n%s", used, code, logs.String())
+	}
+}
