@@ -98,7 +98,7 @@ func sameSchema(dir, schema string) error {
 	}
 	return fmt.Errorf("%s is the data directory of a serve on PostgreSQL schema %s, and this serve is set for schema %s: set --database-schema (or OUTBOX_DATABASE_SCHEMA) to %s; "+
 		"otherwise a new, empty queue would start in schema %s, and what it accepted a serve on schema %s would never deliver "+
-		"(to start schema %s with this data directory after all, remove %s)", dir, other, schema, other, schema, other, schema, mark)
+		"(a serve on schema %s as well needs a data directory of its own)", dir, other, schema, other, schema, other, schema)
 }
 
 // openPG opens the PostgreSQL store (pgstore's errors never repeat the DSN);
