@@ -262,6 +262,22 @@ type ClaimRequest struct {
 	ExpireToPending bool
 }
 
+// Checked returns r with its defaults (a Limit ≤ 0 is 1), or an error when
+// it names no owner or no positive lease duration: what every store's
+// Claim and Recover accept.
+func (r ClaimRequest) Checked() (ClaimRequest, error) {
+	if r.Owner == "" {
+		return r, errors.New("queue: claim request needs an owner")
+	}
+	if r.Lease <= 0 {
+		return r, errors.New("queue: claim request needs a positive lease duration")
+	}
+	if r.Limit <= 0 {
+		r.Limit = 1
+	}
+	return r, nil
+}
+
 // Lease is a claimed row. Only its (Owner, Fence) may commit the row.
 type Lease struct {
 	Key        envelope.Key       `json:"key"`

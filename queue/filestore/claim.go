@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -21,20 +20,18 @@ type claimed struct {
 
 // Claim implements Store.
 func (q *Queue) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
-	if req.Owner == "" || req.Lease <= 0 {
-		return nil, errors.New("queue: claim needs an owner and a lease duration")
+	req, err := req.Checked()
+	if err != nil {
+		return nil, err
 	}
 	limit := req.Limit
-	if limit <= 0 {
-		limit = 1
-	}
 	// Most claims of an idle worker find nothing: look in a read
 	// transaction first, so that they cost no write (and no fsync).
 	if due, err := q.anyDue(req); err != nil || !due {
 		return nil, err
 	}
 	var out []claimed
-	err := q.write(ctx, q.unsyncedClaim(req), func(tx *bolt.Tx) error {
+	err = q.write(ctx, q.unsyncedClaim(req), func(tx *bolt.Tx) error {
 		out = out[:0]
 		now := q.opts.Now()
 		nowN := now.UnixNano()
@@ -299,19 +296,17 @@ func (q *Queue) Release(ctx context.Context, l *queue.Lease) error {
 
 // Recover implements Store.
 func (q *Queue) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
-	if req.Owner == "" || req.Lease <= 0 {
-		return nil, errors.New("queue: recover needs an owner and a lease duration")
+	req, err := req.Checked()
+	if err != nil {
+		return nil, err
 	}
 	limit := req.Limit
-	if limit <= 0 {
-		limit = 1
-	}
 	if expired, err := q.anyLeaseExpired(); err != nil || !expired {
 		return nil, err
 	}
 	var out []claimed
 	wake := false
-	err := q.write(ctx, false, func(tx *bolt.Tx) error {
+	err = q.write(ctx, false, func(tx *bolt.Tx) error {
 		out = out[:0]
 		now := q.opts.Now()
 		nowN := now.UnixNano()

@@ -15,7 +15,7 @@ import (
 // rows that current consent forbids become suppressed; neither is returned.
 // See queue.Store.
 func (s *Store) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
-	req, err := checkClaim(req)
+	req, err := req.Checked()
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +153,7 @@ func (s *Store) withLease(ctx context.Context, lease *queue.Lease, step func([]q
 // reconciliation; rows claimed with ExpireToPending go back to pending
 // instead. See queue.Store.
 func (s *Store) Recover(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
-	req, err := checkClaim(req)
+	req, err := req.Checked()
 	if err != nil {
 		return nil, err
 	}

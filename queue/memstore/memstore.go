@@ -15,7 +15,6 @@ package memstore
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -293,19 +292,6 @@ func (s *Store) Enqueue(ctx context.Context, envs ...*envelope.Envelope) ([]queu
 		s.wake()
 	}
 	return res, nil
-}
-
-func checkClaim(req queue.ClaimRequest) (queue.ClaimRequest, error) {
-	if req.Owner == "" {
-		return req, errors.New("queue: claim request needs an owner")
-	}
-	if req.Lease <= 0 {
-		return req, errors.New("queue: claim request needs a positive lease duration")
-	}
-	if req.Limit <= 0 {
-		req.Limit = 1
-	}
-	return req, nil
 }
 
 // matches reports whether r is within the request's tenant and channels.

@@ -15,19 +15,6 @@ import (
 	"github.com/outboxhq/outbox/queue"
 )
 
-func checkClaim(req queue.ClaimRequest) (queue.ClaimRequest, error) {
-	if req.Owner == "" {
-		return req, errors.New("queue: claim request needs an owner")
-	}
-	if req.Lease <= 0 {
-		return req, errors.New("queue: claim request needs a positive lease duration")
-	}
-	if req.Limit <= 0 {
-		req.Limit = 1
-	}
-	return req, nil
-}
-
 func channelsOf(req *queue.ClaimRequest) []string {
 	out := make([]string, len(req.Channels))
 	for i, c := range req.Channels {
@@ -163,7 +150,7 @@ func (s *Store) lease(l *loaded, seg int, d *queue.Delivery) (*queue.Lease, erro
 // rows current consent forbids suppressed (neither counts or is returned).
 // See queue.Store.
 func (s *Store) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue.Lease, error) {
-	req, err := checkClaim(req)
+	req, err := req.Checked()
 	if err != nil {
 		return nil, err
 	}
@@ -550,7 +537,7 @@ func (s *Store) ReturnExpiredSeam(ctx context.Context) (int, error) {
 
 // recover is Recover's pass over the seam's leases, then (passes 2) the others.
 func (s *Store) recover(ctx context.Context, req queue.ClaimRequest, passes int) ([]*queue.Lease, int, error) {
-	req, err := checkClaim(req)
+	req, err := req.Checked()
 	if err != nil {
 		return nil, 0, err
 	}
