@@ -42,7 +42,7 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 	if _, err := os.Stat(*data); err != nil {
 		return fail(e, "no data directory %s", *data)
 	}
-	if err := notPGDir(*data); err != nil {
+	if err := fileStoreDir(*data); err != nil {
 		return fail(e, "%v", err)
 	}
 	sockUp := socketUp(*data)
@@ -107,6 +107,8 @@ func runDoctor(ctx context.Context, e *env, args []string) int {
 		rep, err = b.Check(ctx)
 	case !*rebuild && statErr == nil:
 		rep, err = filestore.Check(*data)
+	case !*rebuild && !errors.Is(statErr, os.ErrNotExist):
+		err = fmt.Errorf("cannot look at the index: %w", statErr) // not a missing one: nothing to rebuild
 	}
 	if err != nil {
 		return fail(e, "%v", err)
@@ -210,7 +212,7 @@ func runCompact(ctx context.Context, e *env, args []string) int {
 	} else if dsn != "" {
 		return fileOnly(e, "compact (serve prunes PostgreSQL every hour; VACUUM is the server's)")
 	}
-	if err := notPGDir(*data); err != nil {
+	if err := fileStoreDir(*data); err != nil {
 		return fail(e, "%v", err)
 	}
 	if socketUp(*data) {
@@ -255,7 +257,7 @@ func runPath(ctx context.Context, e *env, args []string) int {
 	} else if dsn != "" {
 		return fileOnly(e, "path (append logs)")
 	}
-	if err := notPGDir(*data); err != nil {
+	if err := fileStoreDir(*data); err != nil {
 		return fail(e, "%v", err)
 	}
 	if *user == "" {

@@ -100,6 +100,9 @@ func buildApp(e *env, c appConfig) (*app, error) {
 		return nil, err
 	}
 
+	if err := dataIsDir(c.Data); err != nil {
+		return fail(err)
+	}
 	if err := checkOwner(c.Data); err != nil {
 		return fail(err)
 	}
@@ -226,7 +229,7 @@ func buildApp(e *env, c appConfig) (*app, error) {
 		}
 		a.q, storeNow = pg, pg.Now
 	} else {
-		if err := notPGDir(c.Data); err != nil {
+		if err := fileStoreDir(c.Data); err != nil {
 			return fail(err)
 		}
 		// Claims of channels whose provider redelivers idempotently skip

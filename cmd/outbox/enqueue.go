@@ -122,7 +122,7 @@ func runEnqueue(ctx context.Context, e *env, args []string) int {
 	if err := checkOwner(*data); err != nil {
 		return refuse("%v: nothing was stored", err)
 	}
-	if err := notPGDir(*data); err != nil {
+	if err := fileStoreDir(*data); err != nil {
 		return refuse("%v: nothing was appended", err)
 	}
 	known, err := filestore.Known(*data, keys)

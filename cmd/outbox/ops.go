@@ -307,7 +307,7 @@ func openBackend(dir string) (backend, func(), error) {
 		}}, Timeout: opTimeout}
 		return &socketBackend{c: c, path: path, dir: dir}, func() {}, nil
 	}
-	if err := notPGDir(dir); err != nil {
+	if err := fileStoreDir(dir); err != nil {
 		return nil, nil, err
 	}
 	if _, err := os.Stat(filepath.Join(dir, filestore.IndexFile)); err != nil {

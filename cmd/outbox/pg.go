@@ -68,13 +68,24 @@ func pgMarked(dir string) (schema, mark string) {
 	return strings.TrimSuffix(strings.TrimPrefix(filepath.Base(marks[0]), "pg-"), ".mark"), marks[0]
 }
 
-// notPGDir refuses to use dir as a file store when a serve on PostgreSQL
-// marked it as its data directory and no file store was ever opened
-// there. Leaving out the database URL (an environment file not loaded, a
+// dataIsDir refuses a data directory that is a file (a mistyped --data).
+func dataIsDir(dir string) error {
+	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+		return fmt.Errorf("the data directory %s is a file, not a directory: point --data (or OUTBOX_DATA) at a directory", dir)
+	}
+	return nil
+}
+
+// fileStoreDir refuses to use dir as a file store when it is a file, or
+// when a serve on PostgreSQL marked it as its data directory and no file
+// store was ever opened there. Leaving out the database URL (an environment file not loaded, a
 // typo) would otherwise start an empty file store beside the queue in
 // PostgreSQL, acknowledging envelopes that no serve on PostgreSQL
 // delivers.
-func notPGDir(dir string) error {
+func fileStoreDir(dir string) error {
+	if err := dataIsDir(dir); err != nil {
+		return err
+	}
 	schema, mark := pgMarked(dir)
 	if mark == "" || !neverOpened(dir) {
 		return nil
