@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -403,9 +404,14 @@ func envErr(ctx context.Context, e *env, b backend, tenant, id string, err error
 	return fail(e, "%s not found in tenant %q (another tenant's envelopes need --tenant T; outbox ls lists every tenant's)", id, tenant)
 }
 
+// needArgs checks that args holds n arguments, none of them empty (an
+// empty ID or USER is a shell variable that was not set).
 func needArgs(e *env, args []string, n int, usage string) bool {
-	if len(args) != n {
+	if len(args) != n || slices.Contains(args, "") {
 		fmt.Fprintf(e.Stderr, "Error: usage: outbox %s\n", usage)
+		if len(args) == n {
+			fmt.Fprintln(e.Stderr, "(an argument is empty: a shell variable that was not set?)")
+		}
 		return false
 	}
 	return true
