@@ -450,22 +450,29 @@ func (c *claimHook) Claim(ctx context.Context, req queue.ClaimRequest) ([]*queue
 	return c.Store.Claim(ctx, req)
 }
 
-// A row claimed while others wait ahead for a slot goes behind them, even
-// when a slot frees while the claim is under way (a claim on PostgreSQL
-// takes longer than a quick provider call): rows of a channel are started
-// in the order they were claimed, oldest due first.
-func TestWorker_RowsWaitingAheadStartBeforeLaterClaims(t *testing.T) {
+// oneSlotBehindAClaimHook starts a quick worker with one slot on n push
+// rows whose calls wait for g, its store's claims behind hook.
+func oneSlotBehindAClaimHook(t *testing.T, n int) (*testEnv, *gate, *claimHook, []*envelope.Envelope, *running) {
+	t.Helper()
 	te := newTestEnv(t, queue.Backoff{})
 	g := newGate()
 	te.fakes[envelope.ChannelPush].OnDeliver(g.hold)
-	envs := nudges("n", 4)
+	envs := nudges("n", n)
 	te.enqueue(t, envs...)
 	hook := &claimHook{Store: te.store}
 	cfg := te.config()
 	cfg.Store = hook
 	cfg.Providers = te.providers(envelope.ChannelPush)
 	cfg.Concurrency = 1
-	r := startQuick(t, cfg)
+	return te, g, hook, envs, startQuick(t, cfg)
+}
+
+// A row claimed while others wait ahead for a slot goes behind them, even
+// when a slot frees while the claim is under way (a claim on PostgreSQL
+// takes longer than a quick provider call): rows of a channel are started
+// in the order they were claimed, oldest due first.
+func TestWorker_RowsWaitingAheadStartBeforeLaterClaims(t *testing.T) {
+	te, g, hook, envs, r := oneSlotBehindAClaimHook(t, 4)
 
 	waitFor(t, "the first call", func() bool { return g.started() == 1 })
 	r.sync(t)
@@ -499,17 +506,7 @@ func TestWorker_RowsWaitingAheadStartBeforeLaterClaims(t *testing.T) {
 // next lease waiting ahead itself: on PostgreSQL a claim takes longer than
 // a quick call, and one slot would otherwise sit idle through each claim.
 func TestWorker_AFreedSlotStartsAWaitingLeaseDuringAClaim(t *testing.T) {
-	te := newTestEnv(t, queue.Backoff{})
-	g := newGate()
-	te.fakes[envelope.ChannelPush].OnDeliver(g.hold)
-	envs := nudges("n", 3)
-	te.enqueue(t, envs...)
-	hook := &claimHook{Store: te.store}
-	cfg := te.config()
-	cfg.Store = hook
-	cfg.Providers = te.providers(envelope.ChannelPush)
-	cfg.Concurrency = 1
-	r := startQuick(t, cfg)
+	te, g, hook, envs, r := oneSlotBehindAClaimHook(t, 3)
 	inClaim, release := make(chan struct{}), make(chan struct{})
 	let := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(let) // before the worker stops
