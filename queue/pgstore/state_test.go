@@ -445,7 +445,7 @@ func TestClockSkew_LeasesAreJudgedByTheServersClock(t *testing.T) {
 	if err := a.Commit(ctx, ls[0], queue.Outcome{State: envelope.StateSent, Receipt: "m"}); err != nil {
 		t.Fatalf("a's commit after b looked: %v", err)
 	}
-	if d := b.Now().Sub(time.Now()); d > time.Second || d < -time.Second {
+	if d := time.Until(b.Now()); d > time.Second || d < -time.Second {
 		t.Errorf("the skewed host's store clock is %v off the server's", d)
 	}
 }
