@@ -148,12 +148,19 @@ func (w *Worker) handOver(ctx context.Context) *queue.Lease {
 		return nil
 	}
 	l := w.ahead[0]
-	now := w.now()
-	if ready, _ := w.paused.split([]envelope.Channel{l.Channel}, now); len(ready) == 0 || !now.Before(w.aheadKept(l)) {
+	if !w.startable(l, w.now()) {
 		return nil
 	}
 	w.ahead = w.ahead[1:]
 	return l
+}
+
+// startable reports whether a lease claimed as usual (not a probe) may
+// start at now: its channel is not paused (a pause may have begun while it
+// was claimed or waited) and its call still fits in its lease.
+func (w *Worker) startable(l *queue.Lease, now time.Time) bool {
+	ready, _ := w.paused.split([]envelope.Channel{l.Channel}, now)
+	return len(ready) > 0 && now.Before(w.aheadKept(l))
 }
 
 // pruneAhead gives back, unused, the waiting leases that have aged past
@@ -188,8 +195,13 @@ func (w *Worker) waiting(ch envelope.Channel) bool {
 	return slices.ContainsFunc(w.ahead, func(l *queue.Lease) bool { return l.Channel == ch })
 }
 
-// startAhead dispatches waiting leases into the free slots, oldest first.
+// startAhead dispatches waiting leases into the free slots, oldest first,
+// once those that may not start are given back (pruneAhead).
 func (w *Worker) startAhead(ctx context.Context) bool {
+	if w.free() == 0 || w.aheadLen() == 0 {
+		return false
+	}
+	w.pruneAhead(ctx, nil)
 	started := false
 	for w.free() > 0 {
 		w.aheadMu.Lock()

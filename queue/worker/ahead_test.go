@@ -587,3 +587,44 @@ func TestWorker_PassingSlotsOnLeavesRoomForRecovery(t *testing.T) {
 		}
 	}
 }
+
+// A claim under way when its channel pauses (the call in flight had its
+// credentials refused) does not start the rows it returns: they are given
+// back, unused, and wait for the pause.
+func TestWorker_RowsClaimedWhileTheirChannelPausesAreGivenBack(t *testing.T) {
+	te := newTestEnv(t, queue.Backoff{})
+	te.fakes[envelope.ChannelPush].SetOneService(true)
+	answer := make(chan struct{})
+	p := &scriptedProvider{Provider: te.fakes[envelope.ChannelPush], deliverCtx: func(context.Context) (channels.Receipt, error) {
+		<-answer
+		return channels.Receipt{}, envelope.Permanent(envelope.ClassAuthFailed, errors.New("401"))
+	}}
+	first := queuetest.Nudge("first", "u-first")
+	te.enqueue(t, first)
+	hook := &claimHook{Store: te.store}
+	cfg := te.config()
+	cfg.Store = hook
+	cfg.Providers = map[envelope.Channel]channels.Provider{envelope.ChannelPush: p}
+	cfg.Concurrency = 1
+	r := startQuick(t, cfg)
+	waitFor(t, "the first call", func() bool { return len(p.Calls()) == 1 })
+	r.sync(t)
+
+	// The next claim starts before the pause and returns after it, with
+	// the slot free.
+	hook.mu.Lock()
+	hook.before = func() {
+		close(answer)
+		waitFor(t, "the pause", func() bool { return r.w.free() == 1 })
+	}
+	hook.mu.Unlock()
+	late := queuetest.Nudge("late", "u-late")
+	te.enqueue(t, late) // wakes the worker, which claims ahead
+	r.idle(t)
+	if n := len(p.Calls()); n != 1 {
+		t.Errorf("%d calls, want 1: a row of the paused channel was started", n)
+	}
+	if seg := segment(t, te.store, keyOf(late, 0)); seg.State != envelope.StatePending || seg.Attempts != 0 {
+		t.Errorf("the row claimed as the pause began: %s after %d attempts, want pending after none", seg.State, seg.Attempts)
+	}
+}

@@ -439,14 +439,16 @@ func (w *Worker) claim(ctx context.Context, chans []envelope.Channel, limit, ahe
 		}
 		return 0, err
 	}
+	now := w.now()
 	for _, l := range leases {
 		if each != nil {
 			each(l)
 		}
 		w.metrics.claims.WithLabelValues(string(l.Channel)).Inc()
 		// A slot freed during the claim goes to the rows of this channel
-		// that were waiting already: they were due first.
-		if w.free() == 0 || w.waiting(l.Channel) {
+		// that were waiting already: they were due first. A lease of a
+		// channel paused during the claim waits too, and is given back.
+		if w.free() == 0 || w.waiting(l.Channel) || (each == nil && !w.startable(l, now)) {
 			w.addAhead(l)
 			continue
 		}
