@@ -293,7 +293,7 @@ func doctorAdvice(problems []string) string {
 	if !logs {
 		return "the store's consent journal has problems (see the hints above); a rebuild reads the journal and would lose what it lacks, so do not rebuild for these"
 	}
-	return "the store has problems in its logs (see the hints above); a rebuild cannot bring back records that are gone from them, and their rows end dead_letter (record_lost) when claimed, so do not rebuild for these"
+	return "the store has problems in its logs (see the hints above); a rebuild cannot bring back records that are gone from them, and their rows end dead_letter (record_lost) when claimed, so do not rebuild for these (unresolved ones are never claimed: settle them with outbox resolve, and doctor stops listing them once every row of theirs has ended)"
 }
 
 // neverOpened reports whether the store in dir never had an index: no

@@ -19,3 +19,15 @@ func TestCLI_AnEmptyArgumentIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// doctor's closing advice for records gone from the logs says what to do
+// with the unresolved rows among them (never claimed, so never ended by
+// themselves), and never to rebuild.
+func TestDoctorAdvice_RecordsGoneFromTheLogs(t *testing.T) {
+	got := doctorAdvice([]string{"envelope record in logs/x.jsonl at 0 does not match its index entry"})
+	for _, want := range []string{"do not rebuild", "settle them with outbox resolve"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("advice %q lacks %q", got, want)
+		}
+	}
+}
