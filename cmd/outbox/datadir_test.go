@@ -29,4 +29,3 @@ func TestData_AFileIsNoDataDirectory(t *testing.T) {
 		}
 	}
 }
-
